@@ -1,0 +1,87 @@
+"""The audit's data: what one run recorded, independent of where it came from (a live probe or SQLite)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetfix.probe import Finding, Severity
+
+# The health of a target: the worst finding severity when it was probed, else why it was not.
+HEALTH_ORDER = ("healthy", "info", "warning", "error", "failed", "unreachable")
+
+
+def worst_health(status: str, findings: tuple[Finding, ...] | list[Finding]) -> str:
+    """"healthy", the worst severity among findings, or the status when the target was not probed."""
+    if status != "ok":
+        return status
+    for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+        if any(finding.severity == severity for finding in findings):
+            return str(severity.value)
+    return "healthy"
+
+
+@dataclass(frozen=True)
+class TargetResult:
+    """One target's result in one run, after the policy (severities overridden, ignored codes dropped)."""
+
+    target: str
+    node: str
+    ctid: int | None
+    status: str  # "ok" | "unreachable" | "failed" (as probing.TargetReport.status)
+    error: str | None = None
+    findings: tuple[Finding, ...] = ()
+    facts: dict[str, Any] | None = None
+    duration: float = 0.0
+    ignored: tuple[str, ...] = ()  # codes the policy dropped, kept so reports can say so
+
+    @property
+    def health(self) -> str:
+        return worst_health(self.status, self.findings)
+
+    @property
+    def reachable(self) -> bool:
+        return self.status == "ok"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target,
+            "node": self.node,
+            "ctid": self.ctid,
+            "status": self.status,
+            "health": self.health,
+            "error": self.error,
+            "duration": round(self.duration, 3),
+            "findings": [finding.model_dump(mode="json") for finding in self.findings],
+            "ignored": list(self.ignored),
+            "facts": self.facts,
+        }
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    id: int
+    started: float  # epoch seconds
+    finished: float | None
+    status: str  # "complete" | "incomplete"
+    args: dict[str, Any] = field(default_factory=dict)
+    duration: float | None = None
+    target_count: int = 0
+    error_count: int = 0  # targets whose health is "error"
+    unreachable_count: int = 0  # targets not probed (unreachable or failed)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "started": self.started, "finished": self.finished, "status": self.status,
+            "args": self.args, "duration": self.duration, "targets": self.target_count,
+            "errors": self.error_count, "unreachable": self.unreachable_count,
+        }
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    info: RunInfo
+    targets: tuple[TargetResult, ...]
+
+    def target(self, name: str) -> TargetResult | None:
+        return next((result for result in self.targets if result.target == name), None)

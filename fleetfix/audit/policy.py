@@ -1,0 +1,164 @@
+"""The audit policy: which findings are errors, warnings or ignored, and which extensions must be there,
+per group, tag or target name. YAML, validated by pydantic (unknown keys are errors).
+
+    # policy.yaml
+    severity:                      # fleet-wide overrides: finding code -> error | warning | info | ignore
+      APT_OLD_NVIDIA_KEY: ignore
+    required_extensions: []        # fleet-wide
+    rules:                         # applied in order; a later rule's severity wins, extensions add up
+      - match: {groups: [training], tags: [a100]}   # any listed group, tag or name glob matches
+        severity: {EXTENSION_MISSING: error}
+        required_extensions: [flash_attn, causal_conv1d, fla]
+
+Without a file, DEFAULT_POLICY applies: every finding keeps the severity its rule gives it (rules.py
+chose those for exactly this: error = a training run breaks or an install fails, warning = slow or
+fragile, info = nothing to do), and no extension is required beyond the inventory's own
+`required_extensions` var.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from fleetfix.audit.model import TargetResult
+from fleetfix.errors import ConfigError
+from fleetfix.probe import Finding, Severity
+from fleetfix.probe.rules import CODES
+from fleetfix.yamlsource import load_yaml, validate
+
+Level = Literal["error", "warning", "info", "ignore"]
+IGNORE = "ignore"
+
+
+def _known_codes(value: dict[str, Level]) -> dict[str, Level]:
+    unknown = sorted(set(value) - set(CODES))
+    if unknown:
+        raise ValueError(f"unknown finding code {unknown[0]!r} (see docs/findings.md)")
+    return value
+
+
+def _extension_names(value: list[str]) -> list[str]:
+    for name in value:
+        if not name.isidentifier():
+            raise ValueError(f"{name!r} is not an importable module name")
+    return value
+
+
+class Match(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    groups: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    targets: list[str] = Field(default_factory=list)  # target names or globs
+
+    def matches(self, groups: frozenset[str], tags: frozenset[str], name: str) -> bool:
+        return (bool(groups.intersection(self.groups)) or bool(tags.intersection(self.tags))
+                or any(fnmatchcase(name, pattern) for pattern in self.targets))
+
+
+class Rule(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    match: Match
+    severity: dict[str, Level] = Field(default_factory=dict)
+    required_extensions: list[str] = Field(default_factory=list)
+
+    _codes = field_validator("severity")(_known_codes)
+    _extensions = field_validator("required_extensions")(_extension_names)
+
+
+class Policy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    severity: dict[str, Level] = Field(default_factory=dict)
+    required_extensions: list[str] = Field(default_factory=list)
+    rules: list[Rule] = Field(default_factory=list)
+    source: str = Field(default="built-in default", exclude=True)
+
+    _codes = field_validator("severity")(_known_codes)
+    _extensions = field_validator("required_extensions")(_extension_names)
+
+    def _applicable(self, groups: frozenset[str], tags: frozenset[str], name: str) -> list[Rule]:
+        return [rule for rule in self.rules if rule.match.matches(groups, tags, name)]
+
+    def levels_for(self, groups: frozenset[str], tags: frozenset[str], name: str) -> dict[str, Level]:
+        levels = dict(self.severity)
+        for rule in self._applicable(groups, tags, name):
+            levels.update(rule.severity)
+        return levels
+
+    def extensions_for(self, groups: frozenset[str], tags: frozenset[str], name: str) -> list[str]:
+        names = list(self.required_extensions)
+        for rule in self._applicable(groups, tags, name):
+            names.extend(rule.required_extensions)
+        return list(dict.fromkeys(names))
+
+
+DEFAULT_POLICY = Policy()
+
+
+def load_policy(path: str | Path | None) -> Policy:
+    """The policy in path (one-line ConfigError naming file:line and field), or DEFAULT_POLICY."""
+    if path is None:
+        return DEFAULT_POLICY
+    data, where = load_yaml(path)
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError("a policy is a mapping (severity, required_extensions, rules)", path=str(path))
+    if "source" in data:
+        raise where.error(("source",), "unknown field")
+    policy = validate(Policy, data, where)
+    return policy.model_copy(update={"source": str(path)})
+
+
+def with_required_extensions(policy: Policy, target: object) -> object:
+    """The target with the policy's required extensions added to its `required_extensions` var, which
+    the probe's diagnosis reads (so EXTENSION_MISSING is raised where the policy wants the extension)."""
+    from fleetfix.target import Target
+
+    assert isinstance(target, Target)
+    wanted = policy.extensions_for(target.groups, target.tags, target.name)
+    if not wanted:
+        return target
+    have = [str(name) for name in target.vars.get("required_extensions") or ()]
+    merged = list(dict.fromkeys([*have, *wanted]))
+    return dataclasses.replace(target, vars={**target.vars, "required_extensions": merged})
+
+
+def apply_levels(findings: list[Finding] | tuple[Finding, ...], levels: dict[str, Level]
+                 ) -> tuple[tuple[Finding, ...], tuple[str, ...]]:
+    """Findings with the policy's severities, and the codes it ignored (dropped)."""
+    kept: list[Finding] = []
+    ignored: list[str] = []
+    for finding in findings:
+        level = levels.get(finding.code)
+        if level == IGNORE:
+            ignored.append(finding.code)
+        elif level is not None and level != finding.severity.value:
+            kept.append(finding.model_copy(update={"severity": Severity(level)}))
+        else:
+            kept.append(finding)
+    return tuple(kept), tuple(dict.fromkeys(ignored))
+
+
+def evaluate(policy: Policy, report: object) -> TargetResult:
+    """A probing.TargetReport judged by the policy: the TargetResult that is recorded and reported."""
+    from fleetfix.probing import TargetReport
+
+    assert isinstance(report, TargetReport)
+    target = report.target
+    findings, ignored = apply_levels(
+        report.findings, policy.levels_for(target.groups, target.tags, target.name)
+    )
+    return TargetResult(
+        target=target.name, node=target.node.name, ctid=target.ctid, status=report.status,
+        error=report.error, findings=findings,
+        facts=report.facts.model_dump(mode="json") if report.facts else None,
+        duration=report.duration, ignored=ignored,
+    )

@@ -1,0 +1,259 @@
+"""Audit history in SQLite: one row per run, per target result, per finding.
+
+Durability model: a run row is inserted as `incomplete` when the audit starts; each target's result (its
+row and its findings) is one transaction, committed as the result arrives; the run becomes `complete`
+only at the end. So a killed audit leaves a consistent database whose run says `incomplete` and keeps
+every target that had finished. WAL mode lets `audit history` read while an audit writes, and a process
+killed mid-write leaves the WAL to be recovered by the next open.
+
+Schema changes go in MIGRATIONS: entry N turns a version N-1 database into version N (`PRAGMA
+user_version`), each in its own transaction, so an old database is upgraded in place on open.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from fleetfix.audit.model import RunInfo, StoredRun, TargetResult
+from fleetfix.errors import ConfigError
+from fleetfix.playbook.records import default_state_dir
+from fleetfix.probe import Finding
+
+DB_ENV = "FLEETFIX_AUDIT_DB"
+DB_FILE = "audit.db"
+
+# MIGRATIONS[n - 1] upgrades version n - 1 to n. Never edit an entry once released: append a new one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # 1: the tables
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            started REAL NOT NULL,
+            finished REAL,
+            status TEXT NOT NULL CHECK (status IN ('complete', 'incomplete')),
+            args TEXT NOT NULL DEFAULT '{}',
+            duration REAL
+        )""",
+        """CREATE TABLE target_results (
+            run INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+            target TEXT NOT NULL,
+            node TEXT NOT NULL,
+            ctid INTEGER,
+            status TEXT NOT NULL,
+            health TEXT NOT NULL,
+            error TEXT,
+            duration REAL NOT NULL DEFAULT 0,
+            facts TEXT,
+            PRIMARY KEY (run, target)
+        )""",
+        """CREATE TABLE findings (
+            run INTEGER NOT NULL,
+            target TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            code TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            summary TEXT NOT NULL,
+            evidence TEXT NOT NULL DEFAULT '{}',
+            fix TEXT NOT NULL DEFAULT '{}',
+            PRIMARY KEY (run, target, seq),
+            FOREIGN KEY (run, target) REFERENCES target_results(run, target) ON DELETE CASCADE
+        )""",
+    ),
+    (  # 2: codes the policy ignored, per target; an index for "since when has this code been seen"
+        "ALTER TABLE target_results ADD COLUMN ignored TEXT NOT NULL DEFAULT '[]'",
+        "CREATE INDEX findings_by_code ON findings(code, run)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
+    """$FLEETFIX_AUDIT_DB, else <state dir>/audit.db (the state dir of `apply`'s run records)."""
+    env = os.environ if environ is None else environ
+    if env.get(DB_ENV):
+        return Path(env[DB_ENV])
+    return default_state_dir(env) / DB_FILE
+
+
+def migrate(conn: sqlite3.Connection, *, target_version: int = SCHEMA_VERSION) -> int:
+    """Bring the schema up to target_version; returns the version found. Refuses a newer database."""
+    found = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if found > SCHEMA_VERSION:
+        raise ConfigError(f"audit database schema v{found} is newer than this fleetfix (v{SCHEMA_VERSION})")
+    for version in range(found + 1, target_version + 1):
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in MIGRATIONS[version - 1]:
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {version:d}")  # PRAGMA takes no parameters
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    return found
+
+
+class AuditStore:
+    """The history database. Thread-safe: one connection, one lock (results arrive from worker threads)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # isolation_level=None: transactions are explicit (BEGIN/COMMIT below), never implicit.
+            self._conn = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None, timeout=30.0
+            )
+            self._conn.execute("PRAGMA journal_mode = WAL")
+            # NORMAL is durable against a killed process in WAL mode (only power loss can drop the
+            # last commits, never corrupt): the case the audit must survive.
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._conn.execute("PRAGMA foreign_keys = ON")
+            migrate(self._conn)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"cannot open audit database: {exc}", path=str(self.path)) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot create audit database: {exc}", path=str(self.path)) from None
+        self._lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------------------------------------
+
+    def start_run(self, args: Mapping[str, Any] | None = None, *, started: float | None = None) -> int:
+        with self._lock:
+            cursor = self._conn.execute(
+                "INSERT INTO runs (started, status, args) VALUES (?, 'incomplete', ?)",
+                (time.time() if started is None else started, json.dumps(dict(args or {}), default=str)),
+            )
+            return int(cursor.lastrowid or 0)
+
+    def record_target(self, run_id: int, result: TargetResult) -> None:
+        """One target's result and findings, in one transaction, committed before returning."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(
+                    "INSERT OR REPLACE INTO target_results (run, target, node, ctid, status, health, error,"
+                    " duration, facts, ignored) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    (run_id, result.target, result.node, result.ctid, result.status, result.health,
+                     result.error, result.duration,
+                     None if result.facts is None else json.dumps(result.facts),
+                     json.dumps(list(result.ignored))),
+                )
+                self._conn.executemany(
+                    "INSERT INTO findings (run, target, seq, code, severity, summary, evidence, fix)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(run_id, result.target, seq, f.code, f.severity.value, f.summary,
+                      json.dumps(f.model_dump(mode="json")["evidence"]),
+                      json.dumps(f.fix.model_dump(mode="json")))
+                     for seq, f in enumerate(result.findings)],
+                )
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def finish_run(self, run_id: int, *, finished: float | None = None) -> None:
+        with self._lock:
+            end = time.time() if finished is None else finished
+            self._conn.execute(
+                "UPDATE runs SET status = 'complete', finished = ?, duration = ? - started WHERE id = ?",
+                (end, end, run_id),
+            )
+
+    # -- reading ---------------------------------------------------------------------------------------
+
+    def runs(self, *, limit: int | None = None) -> list[RunInfo]:
+        """Runs, newest first, with per-run counts."""
+        query = (
+            "SELECT r.id, r.started, r.finished, r.status, r.args, r.duration,"
+            " COUNT(t.target), COALESCE(SUM(t.health = 'error'), 0),"
+            " COALESCE(SUM(t.status != 'ok'), 0)"
+            " FROM runs r LEFT JOIN target_results t ON t.run = r.id GROUP BY r.id ORDER BY r.id DESC"
+        )
+        params: tuple[int, ...] = ()
+        if limit is not None:
+            query += " LIMIT ?"
+            params = (limit,)
+        with self._lock:
+            rows = self._conn.execute(query, params).fetchall()
+        return [_run_info(row) for row in rows]
+
+    def resolve(self, ref: str) -> int:
+        """A run id from what a user typed: a number, or "last" / "latest" (newest run)."""
+        if ref in ("last", "latest"):
+            newest = self.runs(limit=1)
+            if not newest:
+                raise ConfigError("no audit runs recorded yet", path=str(self.path))
+            return newest[0].id
+        if not ref.isdigit():
+            raise ConfigError(f"run {ref!r}: expected a run number or 'last'")
+        return int(ref)
+
+    def load(self, run_id: int) -> StoredRun:
+        with self._lock:
+            info = [_run_info(row) for row in self._conn.execute(
+                "SELECT r.id, r.started, r.finished, r.status, r.args, r.duration, COUNT(t.target),"
+                " COALESCE(SUM(t.health = 'error'), 0), COALESCE(SUM(t.status != 'ok'), 0)"
+                " FROM runs r LEFT JOIN target_results t ON t.run = r.id WHERE r.id = ? GROUP BY r.id",
+                (run_id,),
+            )]
+            if not info:
+                raise ConfigError(f"run {run_id} not found", path=str(self.path))
+            targets = self._conn.execute(
+                "SELECT target, node, ctid, status, error, duration, facts, ignored FROM target_results"
+                " WHERE run = ? ORDER BY target", (run_id,),
+            ).fetchall()
+            findings: dict[str, list[Finding]] = {}
+            for target, code, severity, summary, evidence, fix in self._conn.execute(
+                "SELECT target, code, severity, summary, evidence, fix FROM findings WHERE run = ?"
+                " ORDER BY target, seq", (run_id,),
+            ):
+                findings.setdefault(target, []).append(Finding.model_validate({
+                    "code": code, "severity": severity, "summary": summary,
+                    "evidence": json.loads(evidence), "fix": json.loads(fix),
+                }))
+        results = tuple(
+            TargetResult(target=name, node=node, ctid=ctid, status=status, error=error,
+                         findings=tuple(findings.get(name, ())), duration=duration or 0.0,
+                         facts=None if facts is None else json.loads(facts), ignored=tuple(json.loads(ignored)))
+            for name, node, ctid, status, error, duration, facts, ignored in targets
+        )
+        return StoredRun(info[0], results)
+
+    def previous_complete(self, run_id: int) -> int | None:
+        """The newest complete run before run_id: the baseline drift is measured against."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete'", (run_id,)
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    # -- lifetime --------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> AuditStore:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _run_info(row: Sequence[Any]) -> RunInfo:
+    run_id, started, finished, status, args, duration, count, errors, unreachable = row
+    return RunInfo(
+        id=int(run_id), started=float(started), finished=finished, status=status,
+        args=json.loads(args or "{}"), duration=duration, target_count=int(count),
+        error_count=int(errors), unreachable_count=int(unreachable),
+    )

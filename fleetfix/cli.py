@@ -1,0 +1,297 @@
+"""The command line: the only module that imports click and prints. Everything below returns data.
+
+Exit codes (also in docs/cli.md):
+  0  success / healthy          2  bad input (inventory, playbook, options)
+  1  a command or step failed   3  probe/audit found error-severity findings
+  4  a target was unreachable   130 interrupted
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import click
+
+from fleetfix import __version__
+from fleetfix.errors import FleetfixError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def targeting_options(func: F) -> F:
+    """The options every fleet command shares, in one place so names stay consistent."""
+    options = [
+        click.option("-i", "--inventory", metavar="FILE",
+                     help="Inventory YAML (default: $FLEETFIX_INVENTORY, else ./inventory.yaml)."),
+        click.option("-l", "--limit", metavar="PATTERN",
+                     help="Select targets: name, glob, group, tag:T, node:N; '!' excludes; comma-separated."),
+        click.option("--host", metavar="ADDR", help="Ad-hoc node address instead of an inventory."),
+        click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True,
+                     help="SSH port (with --host)."),
+        click.option("--user", default="root", show_default=True, help="SSH user (with --host)."),
+        click.option("--identity", metavar="FILE", help="SSH private key (with --host)."),
+        click.option("--known-hosts", metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)."),
+        click.option("--accept-new", is_flag=True,
+                     help="Record unknown host keys (never accepts a changed key)."),
+        click.option("--ct", "ctids", type=click.IntRange(1, 999_999_999), multiple=True, metavar="CTID",
+                     help="Container on --host (repeatable). Without it, the node itself."),
+        click.option("--connect-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True,
+                     help="Seconds to wait for an SSH connection."),
+        click.option("--forks", type=click.IntRange(1, 1000), default=20, show_default=True,
+                     help="Nodes worked on at once."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def resolve_targets(
+    *, inventory: str | None, limit: str | None, host: str | None, port: int, user: str,
+    identity: str | None, known_hosts: str | None, accept_new: bool, ctids: Sequence[int],
+    connect_timeout: float, local: bool = False, **_: Any,
+) -> list[Any]:
+    from fleetfix.inventory import adhoc_targets, load_inventory, local_target, resolve_inventory_path
+    from fleetfix.selection import select
+
+    if local:
+        targets = [local_target()]
+    elif host:
+        targets = adhoc_targets(
+            host, port=port, user=user, identity_file=identity, known_hosts=known_hosts,
+            accept_new=accept_new, ctids=ctids, connect_timeout=connect_timeout,
+        )
+    else:
+        loaded = load_inventory(resolve_inventory_path(inventory))
+        targets = list(loaded.targets)
+        if accept_new or known_hosts:
+            targets = [_override_ssh(t, accept_new=accept_new, known_hosts=known_hosts) for t in targets]
+    return select(targets, limit)
+
+
+def _override_ssh(target: Any, *, accept_new: bool, known_hosts: str | None) -> Any:
+    import dataclasses
+
+    ssh = target.node.ssh
+    if ssh is None:
+        return target
+    changes: dict[str, Any] = {"accept_new": accept_new or ssh.accept_new}
+    if known_hosts:
+        changes["known_hosts"] = known_hosts
+    node = dataclasses.replace(target.node, ssh=dataclasses.replace(ssh, **changes))
+    return dataclasses.replace(target, node=node)
+
+
+def handle_errors(func: F) -> F:
+    """Expected failures become one line on stderr and their exit code; -v keeps the traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except FleetfixError as exc:
+            if click.get_current_context().find_root().params.get("verbose"):
+                raise
+            click.echo(f"fleetfix: error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("fleetfix: interrupted", err=True)
+            sys.exit(EXIT_INTERRUPTED)
+
+    return wrapper  # type: ignore[return-value]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="fleetfix")
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks and live output.")
+def main(verbose: bool) -> None:
+    """Find and fix broken GPU software stacks across Proxmox VE nodes and their LXC containers.
+
+    \b
+    Examples:
+      fleetfix probe --local
+      fleetfix probe --host 10.1.2.6 --ct 200
+      fleetfix apply playbooks/cuda-toolkit.yaml --check
+    """
+
+
+@main.command("exec", context_settings={"ignore_unknown_options": True})
+@targeting_options
+@click.option("--timeout", type=click.FloatRange(0.1), default=None, help="Per-target command timeout (s).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@handle_errors
+def exec_command(command: tuple[str, ...], timeout: float | None, as_json: bool, **opts: Any) -> None:
+    """Run a command on targets; its arguments reach the remote side verbatim.
+
+    \b
+    Example:
+      fleetfix exec --host 10.1.2.6 --ct 200 -- cat /etc/os-release
+    """
+    from fleetfix.fleet import Fleet
+    from fleetfix.output import render_exec
+
+    targets = resolve_targets(**opts)
+    with Fleet(forks=opts["forks"]) as fleet:
+        outcomes = fleet.map(targets, lambda _t, transport: transport.execute(command, timeout=timeout))
+    render_exec(outcomes, as_json=as_json)
+    if any(o.status == "unreachable" for o in outcomes):
+        sys.exit(EXIT_UNREACHABLE)
+    if any(o.value is None or not o.value.ok for o in outcomes):
+        sys.exit(EXIT_FAILED)
+
+
+@main.group("inventory")
+def inventory_group() -> None:
+    """Inspect the inventory."""
+
+
+@inventory_group.command("list")
+@targeting_options
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def inventory_list(as_json: bool, **opts: Any) -> None:
+    """List the resolved targets, with their node, vars, tags and groups.
+
+    \b
+    Example:
+      fleetfix inventory list -i inventory.yaml --limit tag:training
+    """
+    from fleetfix.output import render_targets
+
+    render_targets(resolve_targets(**opts), as_json=as_json)
+
+
+@main.command("probe")
+@targeting_options
+@click.option("--local", is_flag=True, help="Probe this machine, no SSH.")
+@click.option("--deep", is_flag=True, help="Also import torch and the extensions (slower, touches the GPU).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def probe_command(local: bool, deep: bool, as_json: bool, **opts: Any) -> None:
+    """Gather every fact in one round trip per target and name the root cause, with its fix.
+
+    \b
+    Examples:
+      fleetfix probe --local
+      fleetfix probe --host 10.1.2.6 --ct 200 --ct 201
+      fleetfix probe -i inventory.yaml --limit 'tag:gpu' --json
+    """
+    from fleetfix.fleet import Fleet
+    from fleetfix.output import ProbeProgress, render_probe
+    from fleetfix.probing import probe_targets
+
+    targets = resolve_targets(local=local, **opts)
+    with Fleet(forks=opts["forks"]) as fleet, ProbeProgress(len(targets), enabled=not as_json) as progress:
+        reports = probe_targets(fleet, targets, deep=deep, on_done=progress.advance)
+    render_probe(reports, as_json=as_json)
+    if any(r.status != "ok" for r in reports):
+        sys.exit(EXIT_UNREACHABLE)
+    if any(r.worst == "error" for r in reports):
+        sys.exit(EXIT_FINDINGS)
+
+
+def parse_var(values: Sequence[str]) -> dict[str, str]:
+    """--var k=v, kept as strings (YAML would read 12.10 as the float 12.1)."""
+    from fleetfix.errors import ConfigError
+
+    parsed: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"--var {item!r}: expected NAME=VALUE with NAME a plain identifier")
+        parsed[key.strip()] = value
+    return parsed
+
+
+@main.command("apply")
+@click.argument("playbook_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False))
+@targeting_options
+@click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
+              help="Set a playbook var (repeatable).")
+@click.option("--check", is_flag=True,
+              help="Run only `when` and `check`: report what would change, change nothing.")
+@click.option("--serial", type=click.IntRange(1), default=None, help="Roll out in batches of N targets.")
+@click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
+              help="Stop starting new batches once more than PCT% of targets failed.")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+              help="Where run records go (default: $FLEETFIX_STATE_DIR or ~/.local/state/fleetfix).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def apply_command(
+    playbook_path: str, var_items: tuple[str, ...], check: bool, serial: int | None,
+    max_fail: float | None, state_dir: str | None, as_json: bool, **opts: Any,
+) -> None:
+    """Apply a playbook to targets: ordered, idempotent steps; a recap per target at the end.
+
+    \b
+    Examples:
+      fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --check
+      fleetfix apply playbooks/cuda-toolkit.yaml --host 10.1.2.6 --ct 200 \\
+          --var cuda_repo_base=http://mirror.internal/compute/cuda/repos
+    """
+    from fleetfix.fleet import Fleet
+    from fleetfix.output import render_apply, step_printer
+    from fleetfix.playbook import RunRecorder, default_state_dir, load_playbook, run_playbook
+    from fleetfix.probing import gather_facts
+
+    playbook = load_playbook(playbook_path)
+    variables = parse_var(var_items)
+    targets = resolve_targets(**opts)
+    verbose = bool(click.get_current_context().find_root().params.get("verbose"))
+    with (
+        Fleet(forks=opts["forks"]) as fleet,
+        RunRecorder(state_dir or default_state_dir()) as recorder,
+    ):
+        run = run_playbook(
+            playbook, targets, fleet_map=fleet.map,
+            facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
+            vars=variables, check=check, recorder=recorder, serial=serial, max_fail_pct=max_fail,
+            on_step=None if as_json else step_printer(verbose=verbose),
+        )
+    render_apply(run, as_json=as_json)
+    sys.exit(run.exit_code)
+
+
+@main.group("runs")
+def runs_group() -> None:
+    """Read the records of past `apply` runs."""
+
+
+@runs_group.command("list")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None, help="Where run records are.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def runs_list(state_dir: str | None, as_json: bool) -> None:
+    """List recorded runs, newest first.
+
+    \b
+    Example:
+      fleetfix runs list
+    """
+    from fleetfix.output import render_runs
+    from fleetfix.playbook import default_state_dir, list_runs
+
+    render_runs(list_runs(state_dir or default_state_dir()), as_json=as_json)
+
+
+@runs_group.command("show")
+@click.argument("run_id")
+@click.option("--state-dir", type=click.Path(file_okay=False), default=None, help="Where run records are.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@handle_errors
+def runs_show(run_id: str, state_dir: str | None, as_json: bool) -> None:
+    """Show one run: every target's steps, with their scripts' output.
+
+    \b
+    Example:
+      fleetfix runs show 20261202T120000Z-1a2b3c
+    """
+    from fleetfix.output import render_run_detail
+    from fleetfix.playbook import default_state_dir, load_run
+
+    render_run_detail(load_run(state_dir or default_state_dir(), run_id), as_json=as_json)

@@ -1,0 +1,241 @@
+"""The fleet runner: run one function per target, concurrently, over one SSH connection per node.
+
+Shape of a run (`Fleet.map`):
+- targets are grouped by node (`SSHSettings.key`); at most `forks` nodes are worked on at once;
+- each node's connection is opened lazily, once for the Fleet's lifetime, under a per-node lock, and shared
+  by the node and all its containers; a node that cannot be connected marks all its targets
+  "unreachable" with the same one-line reason, after one attempt;
+- a node's targets run concurrently, at most `channels_per_node` at a time (the connection's channel limit
+  enforces the same bound for anything else running on it, such as node facts);
+- one target's failure never stops the others; results come back in input order.
+
+paramiko is imported only when the first SSH connection is made (the default connector), so importing this
+module stays cheap for `--help` and for tests with a fake connector.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Generic, Literal, Protocol, TypeVar
+
+from fleetfix.errors import ContainerError, FleetfixError
+from fleetfix.target import SSHSettings, Target
+from fleetfix.transport.base import CommandResult, Transport
+from fleetfix.transport.local import LocalTransport
+from fleetfix.transport.pct import PctTransport
+
+R = TypeVar("R")
+Status = Literal["ok", "failed", "unreachable"]
+DEFAULT_FORKS = 32
+DEFAULT_CHANNELS_PER_NODE = 8  # OpenSSH's MaxSessions is 10
+
+
+class NodeConnection(Protocol):
+    """What a connector returns: an open connection to one node (`ssh.SSHConnection` in production)."""
+
+    label: str
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+# Opens a connection to a node or raises a TransportError (ConnectError, HostKeyError, ...).
+Connector = Callable[[SSHSettings], NodeConnection]
+# on_event(kind, target, detail): kind is "start", then one of "ok" / "failed" / "unreachable" with the
+# error's one-line message as detail. Called from worker threads: the handler must be thread-safe.
+EventHandler = Callable[[str, Target, str], None]
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[R]):
+    target: Target
+    status: Status
+    value: R | None = None
+    error: FleetfixError | None = None
+    duration: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass
+class _NodeSlot:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    connection: NodeConnection | None = None
+    error: FleetfixError | None = None  # the first connect failure, reported for every target of the node
+
+
+class UnexpectedError(FleetfixError):
+    """A bug surfaced while working on one target; kept per target so the run goes on."""
+
+
+class Fleet:
+    def __init__(
+        self, *, forks: int = DEFAULT_FORKS, channels_per_node: int = DEFAULT_CHANNELS_PER_NODE,
+        connect: Connector | None = None,
+    ) -> None:
+        if forks < 1 or channels_per_node < 1:
+            raise ValueError("forks and channels_per_node must be at least 1")
+        self.forks = forks
+        self.channels_per_node = channels_per_node
+        self._connect = connect or self._connect_ssh
+        self._slots: dict[Hashable, _NodeSlot] = {}
+        self._slots_lock = threading.Lock()
+
+    # -- transports -----------------------------------------------------------------------------------
+
+    def transport(self, target: Target) -> Transport:
+        """The target's transport: pct over the node's connection for a container, else the node's own."""
+        node = self.node_transport(target)
+        if target.ctid is None:
+            return node
+        return PctTransport(node, target.ctid, node_name=target.node.name, label=target.name)
+
+    def node_transport(self, target: Target) -> Transport:
+        """The transport of the target's node (one command per node, e.g. node facts). Connects on first
+        use; raises the node's (cached) TransportError if it cannot be reached."""
+        settings = target.node.ssh
+        if settings is None:
+            return LocalTransport(label=target.node.name)
+        return _NodeTransport(self._connection(settings), label=target.node.name)
+
+    def _connection(self, settings: SSHSettings) -> NodeConnection:
+        with self._slots_lock:
+            slot = self._slots.setdefault(settings.key, _NodeSlot())
+        with slot.lock:  # concurrent first use of one node waits here instead of opening a second connection
+            if slot.connection is not None:
+                return slot.connection
+            if slot.error is not None:
+                raise slot.error
+            try:
+                slot.connection = self._connect(settings)
+            except FleetfixError as error:
+                slot.error = error
+                raise
+            except Exception as error:
+                slot.error = UnexpectedError(f"{settings.address}:{settings.port}: {_describe(error)}")
+                raise slot.error from error
+            return slot.connection
+
+    def _connect_ssh(self, settings: SSHSettings) -> NodeConnection:
+        from fleetfix.transport import ssh  # deferred: paramiko is slow to import
+
+        return ssh.connect(settings, max_channels=self.channels_per_node)
+
+    # -- running --------------------------------------------------------------------------------------
+
+    def map(
+        self, targets: Sequence[Target], fn: Callable[[Target, Transport], R], *,
+        on_event: EventHandler | None = None,
+    ) -> list[Outcome[R]]:
+        """Call fn(target, transport) for every target; one Outcome per target, in input order."""
+        outcomes: list[Outcome[R] | None] = [None] * len(targets)
+        by_node: dict[Hashable, list[int]] = {}
+        for index, target in enumerate(targets):
+            by_node.setdefault(_node_key(target), []).append(index)
+
+        def run_one(index: int) -> None:
+            outcomes[index] = self._run_target(targets[index], fn, on_event)
+
+        def run_node(indices: list[int]) -> None:
+            first = targets[indices[0]]
+            # Connect once, before fanning out. A failure is cached in the node's slot and each target
+            # below reports it as unreachable.
+            with contextlib.suppress(FleetfixError):
+                self.node_transport(first)
+            if len(indices) == 1:
+                run_one(indices[0])
+                return
+            with ThreadPoolExecutor(min(self.channels_per_node, len(indices))) as pool:
+                list(pool.map(run_one, indices))
+
+        groups = list(by_node.values())
+        if len(groups) == 1:
+            run_node(groups[0])
+        else:
+            with ThreadPoolExecutor(min(self.forks, len(groups))) as pool:
+                list(pool.map(run_node, groups))  # list(): re-raise a bug in an on_event handler
+        return [outcome for outcome in outcomes if outcome is not None]
+
+    def _run_target(
+        self, target: Target, fn: Callable[[Target, Transport], R], on_event: EventHandler | None
+    ) -> Outcome[R]:
+        if on_event:
+            on_event("start", target, "")
+        started = time.monotonic()
+        outcome: Outcome[R]
+        try:
+            transport = self.transport(target)
+        except FleetfixError as error:  # the node could not be connected
+            outcome = Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
+        else:
+            outcome = _call(fn, target, transport, started)
+        if on_event:
+            on_event(outcome.status, target, str(outcome.error or ""))
+        return outcome
+
+    # -- lifetime -------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Close every node connection (the next use reconnects)."""
+        with self._slots_lock:
+            slots, self._slots = list(self._slots.values()), {}
+        for slot in slots:
+            if slot.connection is not None:
+                slot.connection.close()
+
+    def __enter__(self) -> Fleet:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class _NodeTransport:
+    """A node connection under the target's name (the connection itself is shared, not owned)."""
+
+    def __init__(self, connection: NodeConnection, label: str) -> None:
+        self.connection = connection
+        self.label = label
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult:
+        return self.connection.execute(argv, stdin=stdin, timeout=timeout)
+
+
+def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Transport, started: float
+          ) -> Outcome[R]:
+    try:
+        value = fn(target, transport)
+    except ContainerError as error:  # the CT is stopped or missing: nothing ran, like a node that is down
+        return Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
+    except FleetfixError as error:
+        return Outcome(target, "failed", error=error, duration=time.monotonic() - started)
+    except Exception as error:  # a bug in fn: recorded for this target, the others go on
+        wrapped = UnexpectedError(f"unexpected error: {_describe(error)}")
+        wrapped.__cause__ = error
+        return Outcome(target, "failed", error=wrapped, duration=time.monotonic() - started)
+    return Outcome(target, "ok", value=value, duration=time.monotonic() - started)
+
+
+def _node_key(target: Target) -> Hashable:
+    ssh = target.node.ssh
+    return ssh.key if ssh is not None else ("local", target.node.name)
+
+
+def _describe(error: BaseException) -> str:
+    message = " ".join(str(error).split())
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__

@@ -1,0 +1,34 @@
+"""Declarative playbooks: load (model), template (render), run (runner), record (records).
+
+See docs/playbooks.md for the file format and the rules.
+"""
+
+from fleetfix.playbook.model import Playbook, Step, load_playbook, parse_playbook
+from fleetfix.playbook.records import RunRecorder, default_state_dir, list_runs, load_run
+from fleetfix.playbook.runner import (
+    PlaybookRun,
+    StepResult,
+    TargetPlan,
+    TargetRun,
+    plan_target,
+    run_playbook,
+    run_target,
+)
+
+__all__ = [
+    "Playbook",
+    "PlaybookRun",
+    "RunRecorder",
+    "Step",
+    "StepResult",
+    "TargetPlan",
+    "TargetRun",
+    "default_state_dir",
+    "list_runs",
+    "load_playbook",
+    "load_run",
+    "parse_playbook",
+    "plan_target",
+    "run_playbook",
+    "run_target",
+]

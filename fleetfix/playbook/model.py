@@ -1,0 +1,168 @@
+"""The playbook file format: pydantic models, loaded with line numbers so every error is one line.
+
+A playbook is YAML: a name, default vars, optional prerequisite playbooks, and ordered steps. Each step is
+check → apply → verify (see docs/playbooks.md). Loading validates the shape (unknown keys, wrong types),
+then the rules pydantic cannot express (unique names, a step needs check or apply, ...), then compiles
+every template (fleetfix.playbook.render), so a bad playbook fails before any target is contacted.
+"""
+
+from __future__ import annotations
+
+import keyword
+import re
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+from fleetfix.errors import ConfigError, PlaybookError
+from fleetfix.yamlsource import Loc, Locations, parse_yaml, validate
+
+# Names the templates see at top level; a var may not take one of them.
+RESERVED_NAMES = frozenset({"facts", "vars", "registered", "target", "result"})
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+EnvValue = str | int | float | bool
+
+
+class Step(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    when: str | None = None  # jinja2 expression; false → skipped
+    check: str | None = None  # script; exit 0 = already in the desired state (must be read-only)
+    apply: str | None = None  # script that makes the change
+    verify: str | None = None  # script that must exit 0 after apply
+    retries: int = Field(0, ge=0)  # extra apply attempts
+    delay: float = Field(0.0, ge=0)  # seconds between apply attempts
+    until: str | None = None  # expression over `result` (the apply's); default: result.rc == 0
+    timeout: float | None = Field(None, gt=0)  # seconds, per script run
+    # keep this step's result as registered.<name> ("register" in YAML; the attribute name would
+    # shadow pydantic's BaseModel.register)
+    register_as: str | None = Field(None, alias="register")
+    env: dict[str, EnvValue] = Field(default_factory=dict)  # exported at the top of each script
+    ignore_errors: bool = False
+    changed_when: str | None = None  # expression over `result`; false → the apply counts as no change
+
+    @property
+    def is_assertion(self) -> bool:
+        """Only a check: the step asserts a state and fails when the check fails."""
+        return self.apply is None
+
+
+class Playbook(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    vars: dict[str, Any] = Field(default_factory=dict)  # defaults; string values may be templates
+    hosts: str | None = None  # default target selection pattern (the CLI's --limit overrides it)
+    requires: list[str] = Field(default_factory=list)  # playbooks run first, paths relative to this file
+    steps: list[Step] = Field(min_length=1)
+
+    _path: str = PrivateAttr("<playbook>")
+    _locations: Locations | None = PrivateAttr(None)
+    _required: list[Playbook] = PrivateAttr(default_factory=list)
+    _compiled: Any = PrivateAttr(None)  # render.CompiledPlaybook, cached by render.compile_playbook
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def line_of(self, loc: Loc) -> int | None:
+        return self._locations.line(loc) if self._locations else None
+
+    def error_at(self, loc: Loc, message: str, cls: type[ConfigError] = PlaybookError) -> ConfigError:
+        field = ".".join(str(part) for part in loc) or None
+        return cls(message, path=self._path, line=self.line_of(loc), field=field)
+
+    def chain(self) -> list[Playbook]:
+        """This playbook's prerequisites (depth first, each once), then itself: the order they run in."""
+        ordered: list[Playbook] = []
+        seen: set[str] = set()
+
+        def visit(book: Playbook) -> None:
+            key = str(Path(book.path).resolve()) if book.path != "<playbook>" else str(id(book))
+            if key in seen:
+                return
+            seen.add(key)
+            for required in book._required:
+                visit(required)
+            ordered.append(book)
+
+        visit(self)
+        return ordered
+
+
+def _check_rules(book: Playbook) -> None:
+    """The rules a field type cannot say; each error names the offending field."""
+    for name in book.vars:
+        if name in RESERVED_NAMES or not name.isidentifier() or keyword.iskeyword(name):
+            raise book.error_at(("vars", name), "not a usable var name (an identifier, not one of "
+                                + ", ".join(sorted(RESERVED_NAMES)) + ")")
+    step_names: set[str] = set()
+    registers: set[str] = set()
+    for index, step in enumerate(book.steps):
+        at: Loc = ("steps", index)
+        if step.name in step_names:
+            raise book.error_at((*at, "name"), f"duplicate step name {step.name!r}")
+        step_names.add(step.name)
+        if step.check is None and step.apply is None:
+            raise book.error_at(at, "a step needs check, apply or both")
+        if step.apply is None:
+            for field in ("verify", "until", "changed_when"):
+                if getattr(step, field) is not None:
+                    raise book.error_at((*at, field), "only meaningful with apply")
+            if step.retries:
+                raise book.error_at((*at, "retries"), "only meaningful with apply")
+        if step.register_as is not None:
+            if not step.register_as.isidentifier() or keyword.iskeyword(step.register_as):
+                raise book.error_at((*at, "register"), "must be an identifier")
+            if step.register_as in registers:
+                raise book.error_at((*at, "register"), f"{step.register_as!r} is already registered")
+            registers.add(step.register_as)
+        for env_name in step.env:
+            if not _ENV_NAME.match(env_name):
+                raise book.error_at((*at, "env", env_name), "not a valid environment variable name")
+
+
+def parse_playbook(text: str, path: str = "<playbook>", *, _stack: tuple[str, ...] = ()) -> Playbook:
+    """Validate and compile a playbook from YAML text. Raises PlaybookError (one line) on any problem."""
+    data, where = parse_yaml(text, path, PlaybookError)
+    if not isinstance(data, dict):
+        raise PlaybookError("a playbook is a mapping (name, vars, steps, ...)", path=path, line=1)
+    book = validate(Playbook, data, where, PlaybookError)
+    book._path, book._locations = path, where
+    _check_rules(book)
+    for index, required in enumerate(book.requires):
+        base = Path(path).parent if path != "<playbook>" else Path.cwd()
+        required_path = str(base / required)
+        resolved = str(Path(required_path).resolve())
+        if resolved in _stack or resolved == str(Path(path).resolve()):
+            raise book.error_at(("requires", index), f"circular requirement: {required}")
+        book._required.append(
+            _load(required_path, (*_stack, str(Path(path).resolve())), book, ("requires", index)))
+    from fleetfix.playbook.render import compile_playbook  # render imports this module
+
+    compile_playbook(book)
+    return book
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlaybookError("file not found", path=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PlaybookError(f"cannot read: {exc}", path=str(path)) from None
+
+
+def _load(path: str, stack: tuple[str, ...], parent: Playbook, loc: Loc) -> Playbook:
+    if not Path(path).is_file():
+        raise parent.error_at(loc, f"required playbook not found: {path}")
+    return parse_playbook(_read(path), path, _stack=stack)
+
+
+def load_playbook(path: str | Path) -> Playbook:
+    """Load, validate and compile a playbook file (and the playbooks it requires)."""
+    return parse_playbook(_read(path), str(path))

@@ -1,0 +1,548 @@
+"""Running playbooks: per target (`run_target`) and across the fleet (`run_playbook`).
+
+Per step: `when` false → skipped. `check` exits 0 → ok (its last stdout line is the reason). In check
+mode stop there → would-change. Otherwise `apply` (retried per retries/delay/until), then `verify` must
+exit 0 → changed. A step with only `check` is an assertion: a failing check fails the step. A failed step
+stops its target (unless ignore_errors); it never stops other targets. A transport failure makes the
+target unreachable; nothing is raised out of a target.
+
+Fleet level, in two phases so that a template error stops the run before anything runs anywhere:
+1. plan: per target, gather facts (injected `facts_for`), resolve vars, evaluate `when` and render every
+   script that does not depend on `registered`;
+2. run: per target, the planned steps — in `serial` batches, stopping early past `max_fail_pct`.
+Concurrency, connections and per-target error capture belong to the injected `fleet_map`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, Protocol, TypeVar
+
+from fleetfix.errors import CommandTimeoutError, FleetfixError, TemplateError, TransportError
+from fleetfix.playbook.model import Playbook
+from fleetfix.playbook.records import NullRecorder, Recorder, mask_vars, secret_values
+from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
+from fleetfix.target import Target
+from fleetfix.transport.base import CommandResult, Transport, run_script
+
+StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
+TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]
+Phase = Literal["check", "apply", "verify"]
+
+R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
+
+
+# --- results ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScriptRun:
+    phase: Phase
+    attempt: int
+    script: str
+    rc: int | None
+    stdout: str
+    stderr: str
+    duration: float
+    timed_out: bool = False
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: StepStatus
+    reason: str
+    rc: int | None = None  # of the script that decided the status
+    stdout: str = ""
+    stderr: str = ""
+    duration: float = 0.0
+    script: str | None = None  # the rendered script that decided the status
+    playbook: str = ""
+    ignored: bool = False  # failed, but ignore_errors let the target go on
+    runs: list[ScriptRun] = field(default_factory=list)  # every script run, in order
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "playbook": self.playbook, "status": self.status, "reason": self.reason,
+                "rc": self.rc, "stdout": self.stdout, "stderr": self.stderr,
+                "duration": round(self.duration, 3), "ignored": self.ignored}
+
+
+@dataclass
+class TargetRun:
+    target: str
+    status: TargetStatus
+    steps: list[StepResult]
+    duration: float
+    reason: str = ""
+
+    def counts(self) -> dict[str, int]:
+        counted = Counter("ignored" if step.ignored else step.status for step in self.steps)
+        return {status: counted.get(status, 0)
+                for status in ("ok", "changed", "would-change", "failed", "skipped", "ignored")}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "status": self.status, "reason": self.reason,
+                "duration": round(self.duration, 3), "counts": self.counts(),
+                "steps": [step.to_dict() for step in self.steps]}
+
+
+@dataclass
+class PlaybookRun:
+    playbook: str
+    check: bool
+    targets: list[TargetRun]
+    duration: float
+    run_id: str | None = None
+    aborted: str | None = None  # why the run stopped before every target ran
+    error: FleetfixError | None = None  # the first template error, when that is why
+
+    @property
+    def status(self) -> str:
+        if self.error is not None:
+            return "aborted"
+        statuses = {run.status for run in self.targets}
+        for status in ("failed", "unreachable", "would-change", "changed", "ok"):
+            if status in statuses:
+                return status
+        return "skipped"
+
+    @property
+    def exit_code(self) -> int:
+        """0 when every target is fine; the template error's code (2) when the run was refused;
+        1 if any target failed; 4 if targets were only unreachable."""
+        if self.error is not None:
+            return self.error.exit_code
+        statuses = {run.status for run in self.targets}
+        if "failed" in statuses:
+            return 1
+        if "unreachable" in statuses:
+            return TransportError.exit_code
+        return 0
+
+    def recap(self) -> list[tuple[str, str, dict[str, int]]]:
+        """(target, status, step counts) per target, like Ansible's PLAY RECAP."""
+        return [(run.target, run.status, run.counts()) for run in self.targets]
+
+    def recap_lines(self) -> list[str]:
+        width = max((len(run.target) for run in self.targets), default=0)
+        lines = []
+        for name, status, counts in self.recap():
+            numbers = "  ".join(f"{key}={value}" for key, value in counts.items())
+            lines.append(f"{name:<{width}}  {status:<12} {numbers}")
+        return lines
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, "playbook": self.playbook, "check": self.check,
+                "status": self.status, "aborted": self.aborted, "duration": round(self.duration, 3),
+                "error": str(self.error) if self.error else None,
+                "targets": [run.to_dict() for run in self.targets]}
+
+
+# --- plans -----------------------------------------------------------------------------------------
+
+@dataclass
+class PlannedStep:
+    compiled: CompiledStep
+    skip_reason: str | None = None  # `when` was false at plan time
+    rendered: RenderedStep | None = None  # None and not skipped: renders at run time (uses registered)
+
+
+@dataclass
+class PlannedPlay:
+    compiled: CompiledPlaybook
+    vars: dict[str, Any]
+    steps: list[PlannedStep]
+
+
+@dataclass
+class TargetPlan:
+    target: Target
+    facts: dict[str, Any]
+    target_info: dict[str, Any]
+    plays: list[PlannedPlay]
+
+
+def target_info(target: Target) -> dict[str, Any]:
+    return {"name": target.name, "ctid": target.ctid, "node": target.node.name}
+
+
+def plan_target(
+    chain: Sequence[CompiledPlaybook], target: Target, facts: Mapping[str, Any],
+    cli_vars: Mapping[str, Any],
+) -> TargetPlan:
+    """Resolve vars, evaluate `when` and render every step that can be rendered now. Raises
+    TemplateError, before anything has run on the target."""
+    info = target_info(target)
+    plays: list[PlannedPlay] = []
+    for compiled in chain:
+        play_vars = compiled.resolve_vars(facts=facts, target=info, target_vars=target.vars,
+                                          cli_vars=cli_vars)
+        scope = compiled.scope(facts=facts, vars=play_vars, target=info, registered={})
+        steps: list[PlannedStep] = []
+        for step in compiled.steps:
+            if step.uses_registered:
+                steps.append(PlannedStep(step))
+            elif step.step.when is not None and not compiled.evaluate(step, "when", scope):
+                steps.append(PlannedStep(step, skip_reason=f"when is false: {step.step.when}"))
+            else:
+                steps.append(PlannedStep(step, rendered=compiled.render(step, scope)))
+        plays.append(PlannedPlay(compiled, play_vars, steps))
+    return TargetPlan(target, dict(facts), info, plays)
+
+
+# --- one target ------------------------------------------------------------------------------------
+
+class _TargetLost(Exception):
+    """The transport failed mid-step; carries the step's result so far."""
+
+    def __init__(self, result: StepResult, error: TransportError) -> None:
+        super().__init__(str(error))
+        self.result, self.error = result, error
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def _why(run: ScriptRun) -> str:
+    if run.timed_out:
+        return "timed out"
+    tail = _last_line(run.stderr) or _last_line(run.stdout)
+    return f"exit {run.rc}" + (f": {tail}" if tail else "")
+
+
+class _StepRunner:
+    """Runs one planned step on one target. Kept small: one method per part of the protocol."""
+
+    def __init__(self, plan: TargetPlan, play: PlannedPlay, planned: PlannedStep, transport: Transport,
+                 recorder: Recorder, registered: Mapping[str, Any], sleep: Callable[[float], None]) -> None:
+        self.plan, self.play, self.planned = plan, play, planned
+        self.step = planned.compiled.step
+        self.transport, self.recorder, self.registered, self.sleep = transport, recorder, registered, sleep
+        self.runs: list[ScriptRun] = []
+        self.started = time.monotonic()
+
+    def _scope(self, result: ScriptRun | None = None) -> dict[str, Any]:
+        scope = self.play.compiled.scope(facts=self.plan.facts, vars=self.play.vars,
+                                         target=self.plan.target_info, registered=self.registered)
+        if result is not None:
+            scope["result"] = scoped({"rc": result.rc, "stdout": result.stdout, "stderr": result.stderr,
+                                      "timed_out": result.timed_out, "attempt": result.attempt}, "result")
+        return scope
+
+    def _result(self, status: StepStatus, reason: str, run: ScriptRun | None = None) -> StepResult:
+        return StepResult(
+            name=self.step.name, status=status, reason=reason, rc=run.rc if run else None,
+            stdout=run.stdout if run else "", stderr=run.stderr if run else "",
+            duration=time.monotonic() - self.started, script=run.script if run else None,
+            playbook=self.play.compiled.playbook.name,
+            ignored=status == "failed" and self.step.ignore_errors, runs=list(self.runs))
+
+    def _execute(self, phase: Phase, script: str, attempt: int = 1) -> ScriptRun:
+        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
+                 "step": self.step.name, "phase": phase, "attempt": attempt}
+        self.recorder.event("script-start", **where, script=script)
+        started = time.monotonic()
+        error: str | None = None
+        try:
+            result = run_script(self.transport, script, timeout=self.step.timeout)
+        except CommandTimeoutError as exc:  # the step's own timeout: a failed step, not a lost target
+            result = CommandResult(-1, "", str(exc), time.monotonic() - started, timed_out=True)
+        except TransportError as exc:
+            error = str(exc)
+            self.recorder.event("script-end", **where, rc=None, stdout="", stderr="",
+                                duration=time.monotonic() - started, timed_out=False, error=error)
+            lost = self._result("failed", f"{phase}: {exc}")
+            raise _TargetLost(lost, exc) from None
+        run = ScriptRun(phase, attempt, script, result.exit_code, result.stdout, result.stderr,
+                        time.monotonic() - started, result.timed_out)
+        self.runs.append(run)
+        self.recorder.event("script-end", **where, rc=run.rc, stdout=run.stdout, stderr=run.stderr,
+                            duration=run.duration, timed_out=run.timed_out, error=None)
+        return run
+
+    def run(self, *, check_mode: bool, would_change_before: bool) -> StepResult:
+        if self.planned.skip_reason is not None:
+            return self._result("skipped", self.planned.skip_reason)
+        rendered = self.planned.rendered
+        if rendered is None:  # depends on registered: render now
+            compiled, scope = self.play.compiled, self._scope()
+            try:
+                if self.step.when is not None and not compiled.evaluate(self.planned.compiled, "when", scope):
+                    return self._result("skipped", f"when is false: {self.step.when}")
+                rendered = compiled.render(self.planned.compiled, scope)
+            except TemplateError as exc:
+                return self._result("failed", str(exc))
+        if rendered.check is not None:
+            checked = self._execute("check", rendered.check)
+            if checked.rc == 0 and not checked.timed_out:
+                return self._result("ok", _last_line(checked.stdout) or "check passed", checked)
+            if rendered.apply is None:
+                if check_mode and would_change_before:
+                    return self._result("would-change", "not met before the changes above: "
+                                        + _why(checked), checked)
+                return self._result("failed", "assertion failed: " + _why(checked), checked)
+            if check_mode:
+                return self._result("would-change", "check: " + _why(checked), checked)
+        elif check_mode:
+            return self._result("would-change", "no check: apply always runs")
+        assert rendered.apply is not None
+        return self._apply(rendered)
+
+    def _apply(self, rendered: RenderedStep) -> StepResult:
+        assert rendered.apply is not None
+        compiled = self.play.compiled
+        attempts = self.step.retries + 1
+        applied: ScriptRun | None = None
+        done = False
+        try:
+            for attempt in range(1, attempts + 1):
+                applied = self._execute("apply", rendered.apply, attempt)
+                if self.step.until is not None:
+                    done = compiled.evaluate(self.planned.compiled, "until", self._scope(applied))
+                else:
+                    done = applied.rc == 0 and not applied.timed_out
+                if done:
+                    break
+                if attempt < attempts and self.step.delay:
+                    self.sleep(self.step.delay)
+            assert applied is not None
+            succeeded = done and applied.rc == 0 and not applied.timed_out
+            if not succeeded:
+                tries = f" (after {applied.attempt} attempts)" if applied.attempt > 1 else ""
+                reason = "until never true" if applied.rc == 0 else _why(applied)
+                return self._result("failed", f"apply failed{tries}: {reason}", applied)
+            changed = True
+            if self.step.changed_when is not None:
+                changed = compiled.evaluate(self.planned.compiled, "changed_when", self._scope(applied))
+        except TemplateError as exc:
+            return self._result("failed", str(exc), applied)
+        if rendered.verify is not None:
+            verified = self._execute("verify", rendered.verify)
+            if verified.rc != 0 or verified.timed_out:
+                return self._result("failed", "verify failed: " + _why(verified), verified)
+        if not changed:
+            return self._result("ok", "apply made no change (changed_when)", applied)
+        return self._result("changed", _last_line(applied.stdout) or "applied", applied)
+
+
+def _registered_value(result: StepResult) -> dict[str, Any]:
+    return {"rc": result.rc, "stdout": result.stdout, "stderr": result.stderr, "status": result.status,
+            "changed": result.status == "changed", "skipped": result.status == "skipped",
+            "failed": result.status == "failed"}
+
+
+def _target_status(steps: Sequence[StepResult]) -> TargetStatus:
+    statuses = {step.status for step in steps if not step.ignored}
+    ranked: tuple[TargetStatus, ...] = ("failed", "would-change", "changed", "ok")
+    for status in ranked:
+        if status in statuses:
+            return status
+    return "ok" if any(step.ignored for step in steps) else "skipped"
+
+
+def run_target(
+    plan: TargetPlan, transport: Transport, *, check: bool, recorder: Recorder | None = None,
+    on_step: Callable[[Target, StepResult], None] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> TargetRun:
+    """Run a planned target's steps in order. Never raises for a target's own failures."""
+    recorder = recorder or NullRecorder()
+    started = time.monotonic()
+    results: list[StepResult] = []
+    status: TargetStatus | None = None
+    reason = ""
+    try:
+        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results)
+    except _TargetLost as lost:
+        _record_step(recorder, plan.target, lost.result, on_step)
+        results.append(lost.result)
+        status, reason = "unreachable", f"step {lost.result.name!r}: {lost.error}"
+    run = TargetRun(plan.target.name, status or _target_status(results), results,
+                    time.monotonic() - started, reason)
+    _record_target_end(recorder, run)
+    return run
+
+
+def _run_plays(
+    plan: TargetPlan, transport: Transport, check: bool, recorder: Recorder,
+    on_step: Callable[[Target, StepResult], None] | None, sleep: Callable[[float], None],
+    results: list[StepResult],
+) -> str:
+    """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
+    would_change = False
+    for play in plan.plays:
+        registered: dict[str, Any] = {}
+        for planned in play.steps:
+            runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep)
+            result = runner.run(check_mode=check, would_change_before=would_change)
+            _record_step(recorder, plan.target, result, on_step)
+            results.append(result)
+            would_change = would_change or result.status == "would-change"
+            if planned.compiled.step.register_as:
+                registered[planned.compiled.step.register_as] = _registered_value(result)
+            if result.status == "failed" and not result.ignored:
+                return f"step {result.name!r}: {result.reason}"
+    return ""
+
+
+def _record_step(recorder: Recorder, target: Target, result: StepResult,
+                 on_step: Callable[[Target, StepResult], None] | None) -> None:
+    recorder.event("step", target=target.name, playbook=result.playbook, step=result.name,
+                   status=result.status, reason=result.reason, rc=result.rc, duration=result.duration,
+                   ignored=result.ignored)
+    if on_step is not None:
+        on_step(target, result)
+
+
+def _record_target_end(recorder: Recorder, run: TargetRun) -> None:
+    recorder.event("target-end", target=run.target, status=run.status, reason=run.reason,
+                   duration=run.duration, counts=run.counts())
+
+
+# --- the fleet -------------------------------------------------------------------------------------
+
+class OutcomeLike(Protocol, Generic[R_co]):
+    """What fleetfix.fleet.Outcome provides (status is "ok" | "failed" | "unreachable")."""
+
+    @property
+    def target(self) -> Target: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def value(self) -> R_co | None: ...
+    @property
+    def error(self) -> FleetfixError | None: ...
+    @property
+    def duration(self) -> float: ...
+
+
+class FleetMap(Protocol):
+    """Fleet.map: run fn on every target concurrently, one Outcome per target, in target order."""
+
+    def __call__(
+        self, targets: Sequence[Target], fn: Callable[[Target, Transport], R], /,
+    ) -> Sequence[OutcomeLike[R]]: ...
+
+
+FactsFor = Callable[[Target, Transport], Mapping[str, Any]]
+
+
+def _lost_target(outcome: OutcomeLike[Any], what: str) -> TargetRun:
+    error = outcome.error
+    unreachable = outcome.status == "unreachable" or isinstance(error, TransportError)
+    reason = f"{what}: {error}" if error is not None else f"{what}: {outcome.status}"
+    return TargetRun(outcome.target.name, "unreachable" if unreachable else "failed", [],
+                     outcome.duration, reason)
+
+
+def run_playbook(
+    playbook: Playbook,
+    targets: Sequence[Target],
+    *,
+    fleet_map: FleetMap,
+    facts_for: FactsFor,
+    vars: Mapping[str, Any],
+    check: bool,
+    recorder: Recorder | None,
+    serial: int | None = None,
+    max_fail_pct: float | None = None,
+    on_step: Callable[[Target, StepResult], None] | None = None,
+) -> PlaybookRun:
+    """Plan every target, then run them (in batches of `serial`); stop starting new batches once more
+    than `max_fail_pct` percent of all targets have failed or were unreachable."""
+    recorder = recorder or NullRecorder()
+    started = time.monotonic()
+    chain = [compile_playbook(book) for book in playbook.chain()]
+    recorder.add_secrets(secret_values(vars))
+    for target in targets:
+        recorder.add_secrets(secret_values(target.vars))
+    recorder.event("run-start", playbook=playbook.name, playbooks=[c.playbook.name for c in chain],
+                   path=playbook.path, check=check, vars=mask_vars(vars),
+                   targets=[target.name for target in targets], serial=serial, max_fail_pct=max_fail_pct)
+
+    def plan(target: Target, transport: Transport) -> TargetPlan | TemplateError:
+        facts = dict(facts_for(target, transport))
+        try:
+            planned = plan_target(chain, target, facts, vars)
+        except TemplateError as exc:
+            recorder.event("target-start", target=target.name, facts=facts, vars=None)
+            return exc
+        for play in planned.plays:
+            recorder.add_secrets(secret_values(play.vars))
+        recorder.event("target-start", target=target.name, facts=facts,
+                       vars=mask_vars(planned.plays[-1].vars))
+        return planned
+
+    finished: dict[str, TargetRun] = {}
+    plans: dict[str, TargetPlan] = {}
+    template_errors: list[TemplateError] = []
+    for outcome in fleet_map(targets, plan):
+        name = outcome.target.name
+        if outcome.status == "ok" and isinstance(outcome.value, TargetPlan):
+            plans[name] = outcome.value
+        elif outcome.status == "ok" and isinstance(outcome.value, TemplateError):
+            template_errors.append(outcome.value)
+            finished[name] = TargetRun(name, "failed", [], outcome.duration, str(outcome.value))
+            _record_target_end(recorder, finished[name])
+        else:
+            finished[name] = _lost_target(outcome, "gathering facts")
+            _record_target_end(recorder, finished[name])
+
+    aborted: str | None = None
+    if template_errors:
+        # A template error means the playbook (or a var) is wrong: run nothing anywhere.
+        aborted = f"template error on {len(template_errors)} target(s); nothing was run"
+        for name in plans:
+            finished[name] = TargetRun(name, "skipped", [], 0.0, "not run: " + aborted)
+            _record_target_end(recorder, finished[name])
+    else:
+        aborted = _run_batches(
+            [target for target in targets if target.name in plans], len(targets), plans, finished,
+            fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
+            max_fail_pct=max_fail_pct, on_step=on_step)
+
+    run = PlaybookRun(
+        playbook=playbook.name, check=check,
+        targets=[finished[target.name] for target in targets if target.name in finished],
+        duration=time.monotonic() - started, run_id=recorder.run_id, aborted=aborted,
+        error=template_errors[0] if template_errors else None)
+    recorder.event("run-end", status=run.status, aborted=aborted, duration=run.duration,
+                   recap={name: {"status": status, **counts} for name, status, counts in run.recap()})
+    return run
+
+
+def _run_batches(
+    runnable: Sequence[Target], total: int, plans: Mapping[str, TargetPlan],
+    finished: dict[str, TargetRun], *, fleet_map: FleetMap, check: bool, recorder: Recorder,
+    serial: int | None, max_fail_pct: float | None,
+    on_step: Callable[[Target, StepResult], None] | None,
+) -> str | None:
+    size = serial if serial and serial > 0 else max(len(runnable), 1)
+    batches = [runnable[start:start + size] for start in range(0, len(runnable), size)]
+
+    def run_one(target: Target, transport: Transport) -> TargetRun:
+        return run_target(plans[target.name], transport, check=check, recorder=recorder, on_step=on_step)
+
+    for number, batch in enumerate(batches):
+        for outcome in fleet_map(batch, run_one):
+            if outcome.status == "ok" and isinstance(outcome.value, TargetRun):
+                finished[outcome.target.name] = outcome.value
+            else:
+                finished[outcome.target.name] = _lost_target(outcome, "running steps")
+                _record_target_end(recorder, finished[outcome.target.name])
+        bad = sum(run.status in ("failed", "unreachable") for run in finished.values())
+        if max_fail_pct is not None and total and bad * 100.0 / total > max_fail_pct:
+            rest = [target for later in batches[number + 1:] for target in later]
+            if not rest:
+                return None
+            why = f"{bad} of {total} targets failed, over --max-fail {max_fail_pct:g}%"
+            for target in rest:
+                finished[target.name] = TargetRun(target.name, "skipped", [], 0.0, "not run: " + why)
+                _record_target_end(recorder, finished[target.name])
+            return why
+    return None

@@ -1,0 +1,380 @@
+"""Facts: what the probe script saw on one target, parsed purely from its JSON (no I/O here).
+
+The names under `Facts` are a contract with the playbooks (`facts.model_dump(mode="json")` is what
+templates see as `facts`; see docs and notes/facts-contract.md). Fields may be added, never renamed.
+Values the probe cannot know are None, never guessed. Derived values (NVIDIA's repo codes, "is the
+repo configured", the first torch) are computed here, in Python, so they are unit-tested and the
+shell script stays a plain fact gatherer.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
+
+from fleetfix.errors import ProbeOutputError
+
+PROBE_SCHEMA_VERSION = 1
+# The real output is a few KiB. Anything near this cap is not the probe talking.
+MAX_PROBE_OUTPUT_BYTES = 4 * 1024 * 1024
+
+# NVIDIA CUDA repos that exist (DOMAIN.md 1.2). A distro outside this set has no repo to install from.
+KNOWN_NVIDIA_REPOS = frozenset({
+    "ubuntu1604", "ubuntu1804", "ubuntu2004", "ubuntu2204", "ubuntu2404",
+    "debian11", "debian12", "debian13",
+})
+NVIDIA_ARCH_BY_MACHINE = {"x86_64": "x86_64", "aarch64": "sbsa"}
+_REPO_PATH = re.compile(r"/compute/cuda/repos/([^/]+)/([^/]+)")
+
+
+def nvidia_distro_code(os_id: str | None, version_id: str | None) -> str | None:
+    """The code NVIDIA's URL scheme would use (ubuntu + VERSION_ID without dot, debian + major)."""
+    if not os_id or not version_id:
+        return None
+    if os_id == "ubuntu":
+        return "ubuntu" + version_id.replace(".", "")
+    if os_id == "debian":
+        return "debian" + version_id.split(".")[0]
+    return None
+
+
+def nvidia_distro(os_id: str | None, version_id: str | None) -> str | None:
+    """NVIDIA's repo code for this OS, or None when NVIDIA publishes no repo for it."""
+    code = nvidia_distro_code(os_id, version_id)
+    return code if code in KNOWN_NVIDIA_REPOS else None
+
+
+def nvidia_arch(machine: str | None) -> str | None:
+    return NVIDIA_ARCH_BY_MACHINE.get(machine or "")
+
+
+def version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """'12.8' -> (12, 8); '570.124.06' -> (570, 124, 6); anything else -> None."""
+    if not text or not re.fullmatch(r"\d+(\.\d+)*", text.strip()):
+        return None
+    return tuple(int(part) for part in text.strip().split("."))
+
+
+class _Model(BaseModel):
+    # Ignore unknown keys: a newer probe may report more than this parser knows.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class OsFacts(_Model):
+    id: str | None = None
+    id_like: str | None = None
+    version_id: str | None = None
+    codename: str | None = None
+    pretty_name: str | None = None
+    machine: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nvidia_distro(self) -> str | None:
+        return nvidia_distro(self.id, self.version_id)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nvidia_arch(self) -> str | None:
+        return nvidia_arch(self.machine)
+
+
+class AptSource(_Model):
+    """One source entry whose URI points at an NVIDIA repo (.list line or deb822 stanza URI)."""
+
+    file: str
+    line: int
+    format: Literal["list", "deb822"]
+    types: str = "deb"
+    uri: str
+    suite: str = ""
+    components: str = ""
+    signed_by: str | None = None
+    enabled: bool = True
+
+    @property
+    def is_cuda_repo(self) -> bool:
+        return "/compute/cuda/repos/" in self.uri
+
+    @property
+    def is_machine_learning_repo(self) -> bool:
+        return "/compute/machine-learning/repos/" in self.uri
+
+    @property
+    def repo_distro(self) -> str | None:
+        """'debian12' from .../compute/cuda/repos/debian12/x86_64/."""
+        found = _REPO_PATH.search(self.uri)
+        return found.group(1) if found else None
+
+    @property
+    def apt_key(self) -> tuple[str, str]:
+        """What apt groups entries by when it compares options: URI (no trailing slash) and suite."""
+        return self.uri.rstrip("/"), self.suite
+
+
+class KeyringHit(_Model):
+    key: str          # "7fa2af80" | "3bf863cc"
+    file: str
+
+
+class AptFacts(_Model):
+    present: bool = False
+    version: str | None = None
+    sqv: bool = False
+    keyring_installed: bool = False
+    keyring_version: str | None = None
+    keyring_file: bool = False
+    nvidia_sources: list[AptSource] = Field(default_factory=list)
+    nvidia_keys: list[KeyringHit] = Field(default_factory=list)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nvidia_repo_configured(self) -> bool:
+        return any(s.is_cuda_repo and "deb" in s.types.split() for s in self.enabled_sources)
+
+    @property
+    def enabled_sources(self) -> list[AptSource]:
+        return [s for s in self.nvidia_sources if s.enabled]
+
+    @property
+    def major(self) -> int | None:
+        parsed = version_tuple(re.split(r"[^\d.]", self.version or "", maxsplit=1)[0])
+        return parsed[0] if parsed else None
+
+    @property
+    def uses_sqv(self) -> bool:
+        """apt >= 3.0 verifies with Sequoia's sqv, which rejects SHA-1 key bindings (DOMAIN.md 1.5)."""
+        return self.sqv or (self.major is not None and self.major >= 3)
+
+
+class LockHolder(_Model):
+    lock: str
+    pid: int | None = None
+    command: str | None = None
+
+
+class DpkgFacts(_Model):
+    present: bool = False
+    interrupted: bool = False
+    pending_updates: int = 0
+    lock_holders: list[LockHolder] = Field(default_factory=list)
+
+
+class Nvcc(_Model):
+    path: str
+    version: str | None = None     # "12.8"
+    release: str | None = None     # "V12.8.93"
+
+
+class Toolkit(_Model):
+    path: str                      # /usr/local/cuda-12.8
+    version: str | None = None
+    nvcc: str | None = None
+    release: str | None = None
+
+
+class Package(_Model):
+    name: str
+    version: str
+
+
+class CudaFacts(_Model):
+    toolkits: list[Toolkit] = Field(default_factory=list)
+    default_link: str | None = None
+    nvcc_on_path: Nvcc | None = None
+    distro_nvcc: Nvcc | None = None
+    packages: list[Package] = Field(default_factory=list)
+
+    def toolkit_at(self, path: str | None) -> Toolkit | None:
+        return next((t for t in self.toolkits if t.path == path), None)
+
+
+class TorchInfo(_Model):
+    version: str | None = None     # "2.11.0+cu128"
+    cuda: str | None = None        # "12.8"; None for CPU-only builds
+    hip: str | None = None
+    path: str | None = None
+
+
+class Extension(_Model):
+    present: bool = False
+    version: str | None = None
+    compiled_module: str | None = None
+    compiled_present: bool | None = None   # None: no compiled part, or the package is absent
+    importable: bool | None = None         # None: not checked (only --deep imports)
+    error: str | None = None
+
+
+class DeepTorch(_Model):
+    cuda_available: bool | None = None
+    device_count: int | None = None
+    capabilities: list[str] = Field(default_factory=list)
+    arch_list: list[str] = Field(default_factory=list)
+    error: str | None = None
+
+
+class PythonEnv(_Model):
+    interpreter: str
+    found: bool = False
+    executable: str | None = None
+    version: str | None = None
+    prefix: str | None = None
+    virtualenv: bool = False
+    torch: TorchInfo | None = None
+    extensions: dict[str, Extension] = Field(default_factory=dict)
+    pip_nvcc: list[Nvcc] = Field(default_factory=list)
+    deep: DeepTorch | None = None
+    error: str | None = None
+
+
+class TorchRef(_Model):
+    """`facts.torch`: the first python env that has torch."""
+
+    version: str | None
+    cuda: str | None
+    interpreter: str
+    path: str | None = None
+
+
+class DriverLib(_Model):
+    file: str
+    version: str
+
+
+class GpuFacts(_Model):
+    devices: list[str] = Field(default_factory=list)
+    smi_present: bool = False
+    smi_error: str | None = None
+    driver_version: str | None = None
+    names: list[str] = Field(default_factory=list)
+    compute_caps: list[str] = Field(default_factory=list)
+    driver_libs: list[DriverLib] = Field(default_factory=list)
+
+    @property
+    def userspace_driver_versions(self) -> list[str]:
+        return sorted({lib.version for lib in self.driver_libs})
+
+
+class BuildFacts(_Model):
+    gcc: bool = False
+    gcc_version: str | None = None
+    gxx: bool = False
+    gxx_version: str | None = None
+    ninja: bool = False
+    ninja_version: str | None = None
+    make: bool = False
+    disk_free_mb: dict[str, int | None] = Field(default_factory=dict)
+    mem_total_mb: int | None = None
+    mem_available_mb: int | None = None
+    cpus: int | None = None
+
+
+class Facts(_Model):
+    fleetfix_probe: int
+    deep: bool = False
+    hostname: str | None = None
+    kernel: str | None = None
+    os: OsFacts = Field(default_factory=OsFacts)
+    apt: AptFacts = Field(default_factory=AptFacts)
+    dpkg: DpkgFacts = Field(default_factory=DpkgFacts)
+    cuda: CudaFacts = Field(default_factory=CudaFacts)
+    pythons: list[PythonEnv] = Field(default_factory=list)
+    gpu: GpuFacts = Field(default_factory=GpuFacts)
+    build: BuildFacts = Field(default_factory=BuildFacts)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def torch(self) -> TorchRef | None:
+        env = next((p for p in self.pythons if p.torch is not None), None)
+        if env is None or env.torch is None:
+            return None
+        return TorchRef(version=env.torch.version, cuda=env.torch.cuda, interpreter=env.interpreter,
+                        path=env.torch.path)
+
+    @property
+    def torch_envs(self) -> list[PythonEnv]:
+        return [p for p in self.pythons if p.torch is not None]
+
+
+class NodeFacts(_Model):
+    """From the Proxmox node itself (one command per node, shared by its containers)."""
+
+    hostname: str | None = None
+    kernel_module_version: str | None = None              # "550.135" (/proc/driver/nvidia/version)
+    kernel_module_flavor: Literal["open", "proprietary"] | None = None
+    nvrm_line: str | None = None
+
+
+def parse_facts(stdout: str) -> Facts:
+    """The probe's stdout -> Facts, or ProbeOutputError with a one-line reason."""
+    size = len(stdout.encode("utf-8", "replace"))
+    if size > MAX_PROBE_OUTPUT_BYTES:
+        raise ProbeOutputError(f"probe output is {size} bytes, over the {MAX_PROBE_OUTPUT_BYTES} byte cap")
+    text = stdout.strip()
+    if not text:
+        raise ProbeOutputError("probe printed nothing")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if text.startswith("{") and not text.endswith("}"):
+            raise ProbeOutputError(f"probe output is truncated after {len(text)} characters") from None
+        raise ProbeOutputError(
+            f"probe output is not JSON (line {exc.lineno} column {exc.colno}: {exc.msg}): {_preview(text)}"
+        ) from None
+    if not isinstance(data, dict) or "fleetfix_probe" not in data:
+        raise ProbeOutputError(f"probe output is JSON but not the probe's document: {_preview(text)}")
+    if data["fleetfix_probe"] != PROBE_SCHEMA_VERSION:
+        raise ProbeOutputError(
+            f"probe schema {data['fleetfix_probe']!r} is not the supported {PROBE_SCHEMA_VERSION}")
+    try:
+        return Facts.model_validate(data)
+    except ValidationError as exc:
+        raise ProbeOutputError(f"probe JSON has the wrong shape: {_first_error(exc)}") from None
+
+
+def _first_error(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(str(part) for part in first["loc"]) or "(document)"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def _preview(text: str, limit: int = 60) -> str:
+    flat = " ".join(text.split())
+    return repr(flat[:limit] + ("..." if len(flat) > limit else ""))
+
+
+_NVRM = re.compile(r"Kernel Module(?: for \S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+NODE_FACTS_HEADER = "fleetfix-node-facts 1"
+
+
+def parse_node_facts(stdout: str) -> NodeFacts:
+    """The node script's stdout ('key<TAB>value' lines after a header) -> NodeFacts."""
+    lines = stdout.splitlines()
+    if NODE_FACTS_HEADER not in (line.strip() for line in lines[:1]):
+        raise ProbeOutputError(f"node facts output lacks its header line: {_preview(stdout)}")
+    fields: dict[str, str] = {}
+    for line in lines[1:]:
+        key, sep, value = line.partition("\t")
+        if sep and key not in fields:
+            fields[key] = value.strip()
+    nvrm = fields.get("nvrm") or None
+    found = _NVRM.search(nvrm) if nvrm else None
+    flavor: Literal["open", "proprietary"] | None = None
+    if found and nvrm:
+        flavor = "open" if "Open Kernel Module" in nvrm else "proprietary"
+    return NodeFacts(
+        hostname=fields.get("hostname") or None,
+        kernel_module_version=found.group(1) if found else None,
+        kernel_module_flavor=flavor,
+        nvrm_line=nvrm,
+    )
+
+
+def facts_to_template_dict(facts: Facts) -> dict[str, Any]:
+    """What playbook templates see as `facts`."""
+    return facts.model_dump(mode="json")

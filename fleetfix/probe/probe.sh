@@ -1,0 +1,735 @@
+# fleetfix probe: prints ONE JSON document describing this machine's GPU software stack.
+#
+# Run as `/bin/sh -s` with this script on stdin. POSIX sh (dash, busybox ash, bash all work).
+# Read-only: it never writes a file, never imports torch unless FLEETFIX_DEEP=1, and exits 0
+# even when tools are missing (a missing python, dpkg or nvidia-smi is a fact, not an error).
+#
+# Parameters (prepended by fleetfix.probe.script.build_probe_script, all shell-quoted there):
+#   FLEETFIX_DEEP=0|1          1 = import torch and the compiled extensions in subprocesses
+#   set -- PYTHON...           the interpreters to inspect (default: python3)
+#   FLEETFIX_PYTHONS_GIVEN=1   "the list above is deliberate", even when it is empty
+#   FLEETFIX_PROBE_ROOT=DIR    tests only: read files below DIR instead of / (reported paths stay /...)
+#   FLEETFIX_PROBE_TIMEOUT=S   seconds any one external tool (nvcc, nvidia-smi) may take (default 20)
+#   FLEETFIX_PROBE_EXTRA_PATH  tests only: what is appended to PATH (default /usr/local/sbin:/usr/local/bin)
+#
+# Everything lives in main(): the shell must parse the whole script before running any of it, so
+# that main's stdin can be /dev/null. Otherwise a child that reads stdin would eat the rest of the
+# script that `sh -s` is still reading from the same pipe.
+
+main() {
+LC_ALL=C
+export LC_ALL
+R=${FLEETFIX_PROBE_ROOT:-}
+DEEP=${FLEETFIX_DEEP:-0}
+ORIG_PATH=$PATH
+# pct exec forces PATH=/sbin:/bin:/usr/sbin:/usr/bin, but pip puts ninja (and some pythons live)
+# in /usr/local/bin, so tools are looked up there too. "nvcc on PATH" is still judged with the
+# caller's PATH (ORIG_PATH). Tests set FLEETFIX_PROBE_EXTRA_PATH= (empty) to stay hermetic.
+PATH=$PATH:${FLEETFIX_PROBE_EXTRA_PATH-/usr/local/sbin:/usr/local/bin}
+export PATH
+NL='
+'
+TAB='	'
+if have timeout; then HAVE_TIMEOUT=1; else HAVE_TIMEOUT=; fi
+TOOL_TIMEOUT=${FLEETFIX_PROBE_TIMEOUT:-20}
+if [ -z "${FLEETFIX_PYTHONS_GIVEN:-}" ] && [ $# -eq 0 ]; then set -- python3; fi
+
+printf '{"fleetfix_probe":1,"deep":'; jb "$DEEP"
+printf ',"hostname":'; jn "$(uname -n 2>/dev/null)"
+printf ',"kernel":'; jn "$(uname -r 2>/dev/null)"
+printf ',"os":'; probe_os
+printf ',"apt":'; probe_apt
+printf ',"dpkg":'; probe_dpkg
+printf ',"cuda":'; probe_cuda
+printf ',"pythons":['
+SEP=
+for py in "$@"; do
+    printf '%s' "$SEP"; SEP=,
+    probe_python "$py"
+done
+printf '],"gpu":'; probe_gpu
+printf ',"build":'; probe_build
+printf '}\n'
+}
+
+# ---------------------------------------------------------------- JSON helpers
+have() { command -v "$1" >/dev/null 2>&1; }
+
+# run_t SECONDS CMD...: bounded, so a wedged tool (nvidia-smi on a hung GPU) cannot hang the probe.
+run_t() {
+    _secs=$1; shift
+    if [ -n "$HAVE_TIMEOUT" ]; then timeout "$_secs" "$@"; else "$@"; fi
+}
+
+# js VALUE: VALUE as a JSON string. Plain printable ASCII (nearly every value) takes the fork-free
+# path; anything else is made safe by sed: backslash and quote escaped, control characters and
+# non-ASCII bytes replaced, so the document is always valid ASCII JSON whatever the target prints.
+js() {
+    case $1 in
+        *[![:print:]]* | *[\\\"]*)
+            printf '"%s"' "$(printf '%s' "$1" | tr '\t\r\n' '   ' | sed -e 's/[\\"]/\\&/g' -e 's/[^ -~]/?/g')" ;;
+        *) printf '"%s"' "$1" ;;
+    esac
+}
+jn() { if [ -n "$1" ]; then js "$1"; else printf null; fi; }         # string or null
+jb() { if [ "$1" = 1 ]; then printf true; else printf false; fi; }   # 1 -> true, else false
+ji() { case $1 in '' | *[!0-9]*) printf null ;; *) printf '%s' "$1" ;; esac; }   # integer or null
+
+# unquote VALUE -> UNQ: strip one pair of surrounding quotes (os-release values).
+unquote() {
+    UNQ=$1
+    case $UNQ in
+        \"*\") UNQ=${UNQ#\"}; UNQ=${UNQ%\"} ;;
+        \'*\') UNQ=${UNQ#\'}; UNQ=${UNQ%\'} ;;
+    esac
+}
+
+# trim VALUE -> TRIM: strip leading and trailing blanks.
+trim() {
+    TRIM=${1#"${1%%[![:space:]]*}"}
+    TRIM=${TRIM%"${TRIM##*[![:space:]]}"}
+}
+
+# ---------------------------------------------------------------- os
+probe_os() {
+    os_id=; os_ver=; os_code=; os_pretty=; os_like=
+    _f=$R/etc/os-release
+    [ -r "$_f" ] || _f=$R/usr/lib/os-release
+    if [ -r "$_f" ]; then
+        while IFS= read -r _l || [ -n "$_l" ]; do
+            unquote "${_l#*=}"
+            case $_l in
+                ID=*) os_id=$UNQ ;;
+                ID_LIKE=*) os_like=$UNQ ;;
+                VERSION_ID=*) os_ver=$UNQ ;;
+                VERSION_CODENAME=*) os_code=$UNQ ;;
+                UBUNTU_CODENAME=*) [ -n "$os_code" ] || os_code=$UNQ ;;
+                PRETTY_NAME=*) os_pretty=$UNQ ;;
+            esac
+        done <"$_f"
+    fi
+    printf '{"id":'; jn "$os_id"
+    printf ',"id_like":'; jn "$os_like"
+    printf ',"version_id":'; jn "$os_ver"
+    printf ',"codename":'; jn "$os_code"
+    printf ',"pretty_name":'; jn "$os_pretty"
+    printf ',"machine":'; jn "$(uname -m 2>/dev/null)"
+    printf '}'
+}
+
+# ---------------------------------------------------------------- apt
+# Installed packages we care about, in one dpkg-query call: "name<TAB>version" lines.
+read_packages() {
+    PKGS=
+    have dpkg-query || return 0
+    PKGS=$(dpkg-query -W -f='${Status}\t${Package}\t${Version}\n' \
+        apt cuda-keyring 'cuda-*' 'libcu*' 'libnvidia-*' nvidia-cuda-toolkit 2>/dev/null |
+        while IFS="$TAB" read -r _st _name _ver; do
+            case $_st in *" installed") printf '%s\t%s\n' "$_name" "$_ver" ;; esac
+        done)
+}
+
+pkg_version() {   # NAME -> PKGV (empty when not installed)
+    PKGV=
+    _rest=$PKGS
+    while [ -n "$_rest" ]; do
+        _line=${_rest%%"$NL"*}
+        case $_rest in *"$NL"*) _rest=${_rest#*"$NL"} ;; *) _rest= ;; esac
+        if [ "${_line%%"$TAB"*}" = "$1" ]; then PKGV=${_line#*"$TAB"}; return 0; fi
+    done
+}
+
+probe_apt() {
+    read_packages
+    _apt=0; have apt-get && _apt=1
+    pkg_version apt; _aptv=$PKGV
+    if [ -z "$_aptv" ] && [ "$_apt" = 1 ]; then
+        _aptv=$(apt-get --version 2>/dev/null); _aptv=${_aptv%%"$NL"*}
+        set -f; set -- $_aptv; set +f; _aptv=${2:-}
+    fi
+    pkg_version cuda-keyring; _kr=$PKGV
+    printf '{"present":'; jb "$_apt"
+    printf ',"version":'; jn "$_aptv"
+    _sqv=0; [ -x "$R/usr/bin/sqv" ] && _sqv=1
+    printf ',"sqv":'; jb "$_sqv"
+    printf ',"keyring_installed":'; if [ -n "$_kr" ]; then printf true; else printf false; fi
+    printf ',"keyring_version":'; jn "$_kr"
+    _kf=0; [ -f "$R/usr/share/keyrings/cuda-archive-keyring.gpg" ] && _kf=1
+    printf ',"keyring_file":'; jb "$_kf"
+    printf ',"nvidia_sources":['
+    SEP=
+    for _f in "$R/etc/apt/sources.list" "$R"/etc/apt/sources.list.d/*.list "$R"/etc/apt/sources.list.d/*.sources; do
+        [ -f "$_f" ] || continue
+        grep -Eq 'compute/(cuda|machine-learning)/repos' "$_f" 2>/dev/null || continue
+        case $_f in
+            *.sources) parse_deb822 "$_f" ;;
+            *) parse_list "$_f" ;;
+        esac
+    done
+    printf '],"nvidia_keys":['
+    probe_keys
+    printf ']}'
+}
+
+is_nvidia_uri() { case $1 in *compute/cuda/repos* | *compute/machine-learning/repos*) return 0 ;; esac; return 1; }
+
+emit_source() {  # FILE LINE FORMAT TYPES URI SUITE COMPONENTS SIGNED_BY ENABLED
+    printf '%s{"file":' "$SEP"; SEP=,
+    js "${1#"$R"}"
+    printf ',"line":%s,"format":"%s","types":' "$2" "$3"; js "$4"
+    printf ',"uri":'; js "$5"
+    printf ',"suite":'; js "$6"
+    printf ',"components":'; js "$7"
+    printf ',"signed_by":'; jn "$8"
+    printf ',"enabled":'; jb "$9"
+    printf '}'
+}
+
+# One-line style: deb [opt=val ...] URI SUITE [COMPONENT...]. Commented lines are not entries.
+parse_list() {
+    _n=0
+    while IFS= read -r _l || [ -n "$_l" ]; do
+        _n=$((_n + 1))
+        is_nvidia_uri "$_l" || continue
+        set -f
+        list_entry "$1" "$_n" $_l
+        set +f
+    done <"$1"
+}
+
+list_entry() {
+    _file=$1; _line=$2; shift 2
+    case ${1:-} in deb | deb-src) _type=$1; shift ;; *) return 0 ;; esac
+    _sb=
+    case ${1:-} in
+        \[*)
+            while [ $# -gt 0 ]; do
+                _o=${1#\[}; shift
+                _last=0
+                case $_o in *\]) _last=1; _o=${_o%\]} ;; esac
+                case $_o in signed-by=* | Signed-By=*) _sb=${_o#*=} ;; esac
+                [ "$_last" = 1 ] && break
+            done
+            ;;
+    esac
+    [ $# -ge 1 ] || return 0
+    _uri=$1; shift
+    _suite=${1:-}; [ $# -ge 1 ] && shift
+    emit_source "$_file" "$_line" list "$_type" "$_uri" "$_suite" "$*" "$_sb" 1
+}
+
+# deb822 style (.sources): stanzas of "Field: value", blank-line separated; one entry per URI.
+parse_deb822() {
+    _n=0
+    d822_reset
+    while IFS= read -r _l || [ -n "$_l" ]; do
+        _n=$((_n + 1))
+        case $_l in
+            '#'*) continue ;;
+            [\ \	]*)
+                trim "$_l"
+                if [ -z "$TRIM" ]; then d822_flush "$1"; continue; fi
+                # Folded value: an inline armored key under Signed-By, or more URIs.
+                case $_field in
+                    signed-by) [ -n "$_sb" ] || _sb=inline ;;
+                    uris) _uris="$_uris $TRIM" ;;
+                esac
+                ;;
+            '') d822_flush "$1" ;;
+            *:*)
+                _k=${_l%%:*}; trim "${_l#*:}"; _v=$TRIM
+                _field=
+                case $_k in
+                    [Tt][Yy][Pp][Ee][Ss]) _types=$_v ;;
+                    [Uu][Rr][Ii][Ss]) _uris=$_v; _uline=$_n; _field=uris ;;
+                    [Ss][Uu][Ii][Tt][Ee][Ss]) _suites=$_v ;;
+                    [Cc][Oo][Mm][Pp][Oo][Nn][Ee][Nn][Tt][Ss]) _comps=$_v ;;
+                    [Ss][Ii][Gg][Nn][Ee][Dd]-[Bb][Yy]) _sb=$_v; _field=signed-by ;;
+                    [Ee][Nn][Aa][Bb][Ll][Ee][Dd])
+                        case $_v in [Nn][Oo] | [Ff][Aa][Ll][Ss][Ee] | 0) _enabled=0 ;; esac ;;
+                esac
+                ;;
+        esac
+    done <"$1"
+    d822_flush "$1"
+}
+
+d822_reset() { _types=; _uris=; _uline=0; _suites=; _comps=; _sb=; _enabled=1; _field=; }
+
+d822_flush() {
+    if [ -n "$_uris" ]; then
+        set -f
+        for _u in $_uris; do
+            is_nvidia_uri "$_u" || continue
+            emit_source "$1" "$_uline" deb822 "$_types" "$_u" "$_suites" "$_comps" "$_sb" "$_enabled"
+        done
+        set +f
+    fi
+    d822_reset
+}
+
+# NVIDIA's Debian-family signing keys, found as raw key-ID bytes in binary keyrings (a v4 key's
+# issuer and fingerprint subpackets both end in them). No gpg needed, and gpg would write a homedir.
+# 7fa2af80: the pre-2022 key (apt-key era); 3bf863cc: the current one (SHA-1 bound, see 1.5 in
+# DOMAIN.md). debian13's 8793f200 is known only by its short ID, too short to match bytes safely.
+probe_keys() {
+    _k7=$(printf '\366\017\113\075\177\242\257\200')
+    _k3=$(printf '\244\264\151\226\073\370\143\314')
+    SEP=
+    for _f in "$R/etc/apt/trusted.gpg" "$R"/etc/apt/trusted.gpg.d/*.gpg "$R"/etc/apt/keyrings/*.gpg \
+        "$R"/usr/share/keyrings/*.gpg; do
+        [ -f "$_f" ] || continue
+        for _pair in "7fa2af80:$_k7" "3bf863cc:$_k3"; do
+            if grep -qF -- "${_pair#*:}" "$_f" 2>/dev/null; then
+                printf '%s{"key":"%s","file":' "$SEP" "${_pair%%:*}"; SEP=,
+                js "${_f#"$R"}"; printf '}'
+            fi
+        done
+    done
+}
+
+# ---------------------------------------------------------------- dpkg
+# lock_id PATH -> LOCKID: the file as /proc/locks names it, "MAJ:MIN:INODE" (hex device numbers of
+# st_dev, decoded like the kernel's MAJOR/MINOR), or ":INODE" when stat(1) is missing.
+lock_id() {
+    LOCKID=
+    _s=$(stat -c '%d %i' "$1" 2>/dev/null) || _s=
+    case $_s in
+        *[0-9]\ [0-9]*)
+            _dev=${_s% *}
+            LOCKID=$(printf '%02x:%02x:%s' $(( (_dev >> 8) & 4095 )) \
+                $(( (_dev & 255) | ((_dev >> 12) & 1048320) )) "${_s#* }") ;;
+        *)
+            _s=$(ls -i "$1" 2>/dev/null)
+            trim "$_s"; _s=${TRIM%% *}
+            case $_s in '' | *[!0-9]*) ;; *) LOCKID=":$_s" ;; esac ;;
+    esac
+}
+
+probe_dpkg() {
+    _d=0; have dpkg && _d=1
+    # dpkg writes journal files named by number into updates/ and deletes them when a run completes;
+    # any left over means a run was interrupted ("dpkg was interrupted, you must manually run ...").
+    _pending=0
+    for _u in "$R"/var/lib/dpkg/updates/*; do
+        case ${_u##*/} in '' | *[!0-9]*) ;; *) _pending=$((_pending + 1)) ;; esac
+    done
+    printf '{"present":'; jb "$_d"
+    printf ',"interrupted":'; if [ "$_pending" -gt 0 ]; then printf true; else printf false; fi
+    printf ',"pending_updates":%s' "$_pending"
+    printf ',"lock_holders":['
+    SEP=
+    # /proc/locks names the PID holding each fcntl lock by device and inode: that is "held", not
+    # merely "open". The device matters: cloned containers share inode numbers.
+    _ids=
+    for _lf in /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock; do
+        [ -e "$R$_lf" ] || continue
+        lock_id "$R$_lf"
+        [ -n "$LOCKID" ] && _ids="$_ids$LOCKID $_lf$NL"
+    done
+    if [ -n "$_ids" ] && [ -r /proc/locks ]; then
+        while read -r _ _a _b _c _pid _devino _rest; do
+            [ "$_a" = "->" ] && continue   # a waiter, not a holder
+            _rest_ids=$_ids
+            while [ -n "$_rest_ids" ]; do
+                _entry=${_rest_ids%%"$NL"*}; _rest_ids=${_rest_ids#*"$NL"}
+                _id=${_entry%% *}
+                case $_id in
+                    :*) case $_devino in *"$_id") ;; *) continue ;; esac ;;   # inode only (no stat)
+                    *) [ "$_devino" = "$_id" ] || continue ;;
+                esac
+                _comm=
+                [ -r "/proc/$_pid/comm" ] && read -r _comm <"/proc/$_pid/comm"
+                printf '%s{"lock":' "$SEP"; SEP=,
+                js "${_entry#* }"; printf ',"pid":'; ji "$_pid"; printf ',"command":'; jn "$_comm"; printf '}'
+            done
+        done </proc/locks
+    fi
+    printf ']}'
+}
+
+# ---------------------------------------------------------------- cuda
+# nvcc_version NVCC -> NV_VER ("12.8"), NV_REL ("V12.8.93"), from "release 12.8, V12.8.93".
+nvcc_version() {
+    NV_VER=; NV_REL=
+    _o=$(run_t "$TOOL_TIMEOUT" "$1" --version 2>/dev/null) || true
+    case $_o in
+        *"release "*)
+            _r=${_o#*release }
+            NV_VER=${_r%%[!0-9.]*}
+            _r=${_r#*, }
+            NV_REL=${_r%%[!V0-9.]*}
+            ;;
+    esac
+}
+
+emit_nvcc() {  # PATH(target) -> {"path","version","release"} after nvcc_version
+    printf '{"path":'; js "$1"
+    printf ',"version":'; jn "$NV_VER"
+    printf ',"release":'; jn "$NV_REL"
+    printf '}'
+}
+
+# resolve_link PATH(target) -> LINK (target path after following symlinks, max 16 hops).
+resolve_link() {
+    LINK=$1
+    _hops=0
+    while [ -L "$R$LINK" ] && [ "$_hops" -lt 16 ]; do
+        _t=$(readlink "$R$LINK" 2>/dev/null) || break
+        case $_t in
+            /*) LINK=$_t ;;
+            *) LINK=${LINK%/*}/$_t ;;
+        esac
+        _hops=$((_hops + 1))
+    done
+}
+
+probe_cuda() {
+    printf '{"toolkits":['
+    SEP=
+    for _d in "$R"/usr/local/cuda-* "$R/usr/local/cuda"; do
+        [ -d "$_d" ] && [ ! -L "$_d" ] || continue
+        _p=${_d#"$R"}
+        NV_VER=; NV_REL=; _nvcc=
+        if [ -x "$_d/bin/nvcc" ]; then _nvcc=$_p/bin/nvcc; nvcc_version "$_d/bin/nvcc"; fi
+        if [ -z "$NV_VER" ]; then
+            case ${_p##*/cuda-} in [0-9]*.[0-9]*) NV_VER=${_p##*/cuda-} ;; esac
+        fi
+        printf '%s{"path":' "$SEP"; SEP=,
+        js "$_p"; printf ',"version":'; jn "$NV_VER"
+        printf ',"nvcc":'; jn "$_nvcc"; printf ',"release":'; jn "$NV_REL"; printf '}'
+    done
+    printf '],"default_link":'
+    if [ -L "$R/usr/local/cuda" ]; then resolve_link /usr/local/cuda; js "$LINK"
+    elif [ -d "$R/usr/local/cuda" ]; then js /usr/local/cuda
+    else printf null; fi
+
+    printf ',"nvcc_on_path":'
+    _p=$(PATH=$ORIG_PATH; command -v nvcc 2>/dev/null)
+    case $_p in /*) nvcc_version "$_p"; emit_nvcc "$_p" ;; *) printf null ;; esac
+
+    # Debian/Ubuntu's own nvidia-cuda-toolkit puts nvcc in /usr/bin (CUDA_HOME=/usr, old versions).
+    printf ',"distro_nvcc":'
+    if [ -x "$R/usr/bin/nvcc" ]; then nvcc_version "$R/usr/bin/nvcc"; emit_nvcc /usr/bin/nvcc; else printf null; fi
+
+    printf ',"packages":['
+    SEP=
+    _rest=$PKGS
+    while [ -n "$_rest" ]; do
+        _line=${_rest%%"$NL"*}
+        case $_rest in *"$NL"*) _rest=${_rest#*"$NL"} ;; *) _rest= ;; esac
+        _name=${_line%%"$TAB"*}
+        case $_name in
+            cuda-* | libcu*-dev-[0-9]* | libcudnn*-dev* | libnvidia-* | nvidia-cuda-toolkit)
+                printf '%s{"name":' "$SEP"; SEP=,
+                js "$_name"; printf ',"version":'; js "${_line#*"$TAB"}"; printf '}' ;;
+        esac
+    done
+    printf ']}'
+}
+
+# ---------------------------------------------------------------- python envs
+# The per-interpreter probe. It never imports torch or an extension in its own process:
+# find_spec locates a top-level package without running its __init__, and torch/version.py is read
+# as text. With deep=1, imports happen in child processes with timeouts.
+PY_PROBE=$(cat <<'PYEOF'
+import ast, glob, json, os, re, subprocess, sys
+
+DEEP = sys.argv[1] == "1"
+INTERPRETER = sys.argv[2]
+EXTENSIONS = (
+    ("causal_conv1d", "causal_conv1d_cuda", ("causal-conv1d", "causal_conv1d")),
+    ("fla", None, ("flash-linear-attention", "fla-core")),
+    ("flash_attn", "flash_attn_2_cuda", ("flash-attn", "flash_attn")),
+    ("mamba_ssm", "selective_scan_cuda", ("mamba-ssm", "mamba_ssm")),
+)
+CHILD_ENV = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+# -c puts the current directory first on sys.path; a ./torch there is not the environment's torch.
+if sys.path and sys.path[0] in ("", os.getcwd()):
+    del sys.path[0]
+
+
+def find(name):
+    try:
+        import importlib.util
+        return importlib.util.find_spec(name)
+    except Exception:
+        return None
+
+
+def dist_version(names):
+    try:
+        from importlib import metadata
+    except ImportError:
+        return None
+    for name in names:
+        try:
+            return metadata.version(name)
+        except Exception:
+            continue
+    return None
+
+
+def read_torch_version(spec):
+    locations = list(spec.submodule_search_locations or [])
+    if not locations:
+        return None
+    path = os.path.join(locations[0], "version.py")
+    values = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+    except (OSError, SyntaxError, ValueError):
+        return {"version": None, "cuda": None, "hip": None, "path": locations[0]}
+    for node in tree.body:
+        target = value = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name):
+            try:
+                values[target.id] = ast.literal_eval(value)
+            except ValueError:
+                pass
+    as_str = lambda v: v if isinstance(v, str) else None
+    return {"version": as_str(values.get("__version__")), "cuda": as_str(values.get("cuda")),
+            "hip": as_str(values.get("hip")), "path": locations[0]}
+
+
+def run_child(code, timeout):
+    try:
+        done = subprocess.run([sys.executable, "-B", "-c", code], stdin=subprocess.DEVNULL,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=timeout,
+                              env=CHILD_ENV, cwd="/", universal_newlines=True)
+    except subprocess.TimeoutExpired:
+        return None, "timed out after %ss" % timeout
+    except OSError as exc:
+        return None, str(exc)
+    if done.returncode != 0:
+        lines = [l for l in done.stderr.strip().splitlines() if l.strip()]
+        return None, (lines[-1] if lines else "exit %d" % done.returncode)[:500]
+    return done.stdout, None
+
+
+def nvcc_info(path):
+    try:
+        out = subprocess.run([path, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, timeout=20, universal_newlines=True).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        out = ""
+    found = re.search(r"release (\d+\.\d+), (V[\d.]+)", out)
+    return {"path": path, "version": found.group(1) if found else None,
+            "release": found.group(2) if found else None}
+
+
+def pip_nvccs():
+    seen, found = set(), []
+    for entry in sys.path:
+        for path in sorted(glob.glob(os.path.join(entry or ".", "nvidia", "*", "bin", "nvcc"))):
+            real = os.path.realpath(path)
+            if real not in seen and os.access(path, os.X_OK):
+                seen.add(real)
+                found.append(nvcc_info(path))
+    return found
+
+
+DEEP_TORCH = """
+import json, torch
+out = {"cuda_available": bool(torch.cuda.is_available()), "device_count": 0, "capabilities": [],
+       "arch_list": []}
+if out["cuda_available"]:
+    out["device_count"] = torch.cuda.device_count()
+    out["capabilities"] = ["%d.%d" % torch.cuda.get_device_capability(i) for i in range(out["device_count"])]
+    out["arch_list"] = list(torch.cuda.get_arch_list())
+print(json.dumps(out))
+"""
+
+
+def deep_torch():
+    out, error = run_child(DEEP_TORCH, 180)
+    if error is not None:
+        return {"error": error}
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return {"error": "torch probe printed no result"}
+
+
+def extension(name, compiled, dists, have_torch):
+    spec = find(name)
+    result = {"present": spec is not None, "version": dist_version(dists) if spec else None,
+              "compiled_module": compiled, "compiled_present": None, "importable": None, "error": None}
+    if spec is None:
+        return result
+    if compiled:
+        result["compiled_present"] = find(compiled) is not None
+    if DEEP:
+        # The compiled module links against libtorch, so torch must be imported first.
+        code = ("import torch\n" if have_torch else "") + "".join(
+            "import %s\n" % mod for mod in (compiled, name) if mod)
+        _, error = run_child(code, 180)
+        result["importable"] = error is None
+        result["error"] = error
+    return result
+
+
+def main():
+    if sys.version_info < (3, 6):
+        raise RuntimeError("python %d.%d is too old to inspect (3.6+)" % tuple(sys.version_info[:2]))
+    torch_spec = find("torch")
+    torch = read_torch_version(torch_spec) if torch_spec else None
+    env = {
+        "interpreter": INTERPRETER, "found": True, "executable": sys.executable,
+        "version": "%d.%d.%d" % tuple(sys.version_info[:3]), "prefix": sys.prefix,
+        "virtualenv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
+    }
+    for name, compiled, dists in EXTENSIONS:
+        env["extensions"][name] = extension(name, compiled, dists, torch is not None)
+    if DEEP and torch is not None:
+        env["deep"] = deep_torch()
+    return env
+
+
+try:
+    result = main()
+except Exception as exc:
+    result = {"interpreter": INTERPRETER, "found": True, "executable": sys.executable,
+              "error": ("%s: %s" % (type(exc).__name__, exc))[:500]}
+sys.stdout.write("\n" + json.dumps(result) + "\n")
+PYEOF
+)
+
+probe_python() {
+    _py=$1
+    case $_py in
+        */*) if [ -x "$_py" ] && [ ! -d "$_py" ]; then _path=$_py; else _path=; fi ;;
+        *)
+            _path=$(command -v "$_py" 2>/dev/null)
+            case $_path in /*) ;; *) _path= ;; esac ;;   # a builtin or alias is not an interpreter
+    esac
+    if [ -z "$_path" ]; then
+        printf '{"interpreter":'; js "$_py"; printf ',"found":false,"error":"interpreter not found"}'
+        return 0
+    fi
+    _limit=120; [ "$DEEP" = 1 ] && _limit=900
+    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" 2>/dev/null)
+    _rc=$?
+    _out=${_out##*"$NL"}   # the result is the last line; anything a .pth file printed comes before
+    case $_out in
+        \{*\}) printf '%s' "$_out" ;;
+        *)
+            printf '{"interpreter":'; js "$_py"
+            printf ',"found":true,"executable":'; js "$_path"
+            printf ',"error":'; js "interpreter ran but printed no probe result (exit $_rc; python 3 required)"
+            printf '}' ;;
+    esac
+}
+
+# ---------------------------------------------------------------- gpu
+probe_gpu() {
+    printf '{"devices":['
+    SEP=
+    for _d in "$R"/dev/nvidia*; do
+        [ -e "$_d" ] && [ ! -d "$_d" ] || continue
+        printf '%s' "$SEP"; SEP=,; js "${_d#"$R"}"
+    done
+    printf ']'
+    _smi=$(command -v nvidia-smi 2>/dev/null)
+    _drv=; _names=; _caps=; _err=
+    if [ -n "$_smi" ]; then
+        _o=$(run_t "$TOOL_TIMEOUT" "$_smi" --query-gpu=driver_version,name,compute_cap --format=csv,noheader 2>/dev/null)
+        _rc=$?
+        # compute_cap arrived in driver 510; older ones reject the field. A timeout (124) is not
+        # retried: a wedged GPU would only make us wait twice.
+        if [ $_rc -ne 0 ] && [ $_rc -ne 124 ]; then
+            _o2=$(run_t "$TOOL_TIMEOUT" "$_smi" --query-gpu=driver_version,name --format=csv,noheader 2>/dev/null) && { _o=$_o2; _rc=0; }
+        fi
+        if [ $_rc -eq 0 ]; then
+            _ns=; _cs=
+            _rest=$_o
+            while [ -n "$_rest" ]; do
+                _line=${_rest%%"$NL"*}
+                case $_rest in *"$NL"*) _rest=${_rest#*"$NL"} ;; *) _rest= ;; esac
+                trim "$_line"; _line=$TRIM
+                [ -n "$_line" ] || continue
+                _drv=${_line%%,*}
+                _tail=${_line#*, }
+                case $_tail in
+                    *,*) _cap=${_tail##*, }; _name=${_tail%, *} ;;
+                    *) _cap=; _name=$_tail ;;
+                esac
+                _names="$_names$_ns$(js "$_name")"; _ns=,
+                [ -n "$_cap" ] && { _caps="$_caps$_cs$(js "$_cap")"; _cs=,; }
+            done
+        else
+            # NVML failures ("Failed to initialize NVML: Driver/library version mismatch") go to stdout.
+            trim "$_o"; _err=${TRIM%%"$NL"*}
+            [ -n "$_err" ] || _err="nvidia-smi exited $_rc"
+            [ $_rc -eq 124 ] && _err="nvidia-smi timed out after ${TOOL_TIMEOUT}s"
+        fi
+    fi
+    printf ',"smi_present":'; if [ -n "$_smi" ]; then printf true; else printf false; fi
+    printf ',"smi_error":'; jn "$_err"
+    printf ',"driver_version":'; jn "$_drv"
+    printf ',"names":[%s],"compute_caps":[%s]' "$_names" "$_caps"
+    # Container userspace driver version = the numeric suffix of libcuda.so.X.Y / libnvidia-ml.so.X.Y.
+    printf ',"driver_libs":['
+    SEP=
+    for _dir in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/nvidia/lib64; do
+        [ -d "$R$_dir" ] && [ ! -L "$R$_dir" ] || continue
+        for _f in "$R$_dir"/libcuda.so.*.* "$R$_dir"/libnvidia-ml.so.*.*; do
+            [ -e "$_f" ] || continue
+            _v=${_f##*.so.}
+            case $_v in [0-9]*.[0-9]*) ;; *) continue ;; esac
+            case $_v in *[!0-9.]*) continue ;; esac
+            printf '%s{"file":' "$SEP"; SEP=,; js "${_f#"$R"}"
+            printf ',"version":'; js "$_v"; printf '}'
+        done
+    done
+    printf ']}'
+}
+
+# ---------------------------------------------------------------- build readiness
+tool_version() {  # CMD ARGS... -> first line of its output, or empty
+    _o=$(run_t 10 "$@" 2>/dev/null) || _o=
+    printf '%s' "${_o%%"$NL"*}"
+}
+
+disk_free_mb() {  # PATH -> available MiB of the filesystem holding PATH (nearest existing parent)
+    _p=$1
+    while [ ! -e "$R$_p" ] && [ "$_p" != / ]; do _p=${_p%/*}; [ -n "$_p" ] || _p=/; done
+    _o=$(df -Pk "$R$_p" 2>/dev/null) || { printf null; return 0; }
+    _o=${_o##*"$NL"}
+    set -f; set -- $_o; set +f
+    case ${4:-} in '' | *[!0-9]*) printf null ;; *) printf '%s' $(( $4 / 1024 )) ;; esac
+}
+
+probe_build() {
+    printf '{"gcc":'; if have gcc; then printf true; else printf false; fi
+    printf ',"gcc_version":'; if have gcc; then jn "$(tool_version gcc -dumpfullversion -dumpversion)"; else printf null; fi
+    printf ',"gxx":'; if have g++; then printf true; else printf false; fi
+    printf ',"gxx_version":'; if have g++; then jn "$(tool_version g++ -dumpfullversion -dumpversion)"; else printf null; fi
+    printf ',"ninja":'; if have ninja; then printf true; else printf false; fi
+    printf ',"ninja_version":'; if have ninja; then jn "$(tool_version ninja --version)"; else printf null; fi
+    printf ',"make":'; if have make; then printf true; else printf false; fi
+    printf ',"disk_free_mb":{"/":'; disk_free_mb /
+    printf ',"/var/cache/apt":'; disk_free_mb /var/cache/apt
+    printf ',"/usr/local":'; disk_free_mb /usr/local
+    printf '}'
+    _mt=; _ma=
+    if [ -r /proc/meminfo ]; then
+        while read -r _k _v _; do
+            case $_k in MemTotal:) _mt=$_v ;; MemAvailable:) _ma=$_v ;; esac
+        done </proc/meminfo
+    fi
+    printf ',"mem_total_mb":'; case $_mt in '' | *[!0-9]*) printf null ;; *) printf '%s' $((_mt / 1024)) ;; esac
+    printf ',"mem_available_mb":'; case $_ma in '' | *[!0-9]*) printf null ;; *) printf '%s' $((_ma / 1024)) ;; esac
+    _cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)
+    printf ',"cpus":'; ji "$_cpus"
+    printf '}'
+}
+
+main "$@" </dev/null
+exit 0

@@ -1,0 +1,140 @@
+"""Probe a fleet: one probe script per target, one node-facts command per node, then the diagnosis.
+
+Library code: returns `TargetReport`s; the CLI renders them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetfix.errors import FleetfixError
+from fleetfix.fleet import Fleet, Outcome
+from fleetfix.probe import (
+    Facts,
+    Finding,
+    NodeFacts,
+    Severity,
+    build_node_script,
+    build_probe_script,
+    diagnose,
+    parse_facts,
+    parse_node_facts,
+)
+from fleetfix.target import Target
+from fleetfix.transport.base import Transport, run_script
+
+PROBE_TIMEOUT = 120.0
+# --deep imports torch and each extension in child processes, each with its own limit.
+DEEP_PROBE_TIMEOUT = 900.0
+
+
+@dataclass
+class TargetReport:
+    target: Target
+    status: str  # "ok" | "unreachable" | "failed"
+    facts: Facts | None = None
+    node: NodeFacts | None = None
+    findings: list[Finding] = field(default_factory=list)
+    error: str | None = None
+    duration: float = 0.0
+
+    @property
+    def worst(self) -> str:
+        """The worst severity among findings, or "healthy"."""
+        for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+            if any(finding.severity == severity for finding in self.findings):
+                return str(severity.value)
+        return "healthy"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "target": self.target.name,
+            "node": self.target.node.name,
+            "ctid": self.target.ctid,
+            "status": self.status,
+            "health": self.worst if self.status == "ok" else self.status,
+            "error": self.error,
+            "duration": round(self.duration, 3),
+            "findings": [finding.model_dump(mode="json") for finding in self.findings],
+            "facts": self.facts.model_dump(mode="json") if self.facts else None,
+            "node_facts": self.node.model_dump(mode="json") if self.node else None,
+        }
+
+
+def python_interpreters(target: Target) -> list[str]:
+    """The python envs to inspect, from the target's vars: `pythons` (list) or `python` (one)."""
+    pythons = target.vars.get("pythons")
+    if isinstance(pythons, list) and pythons:
+        return [str(p) for p in pythons]
+    return [str(target.vars.get("python", "python3"))]
+
+
+class _NodeFactsCache:
+    """Node facts are gathered once per node, whichever of its containers asks first."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
+        self._lock = threading.Lock()
+        self._locks: dict[str, threading.Lock] = {}
+        self._facts: dict[str, NodeFacts | None] = {}
+
+    def get(self, target: Target) -> NodeFacts | None:
+        key = target.node.name
+        with self._lock:
+            node_lock = self._locks.setdefault(key, threading.Lock())
+        with node_lock:
+            if key not in self._facts:
+                self._facts[key] = self._gather(target)
+            return self._facts[key]
+
+    def _gather(self, target: Target) -> NodeFacts | None:
+        result = run_script(self._fleet.node_transport(target), build_node_script(), timeout=30)
+        return parse_node_facts(result.stdout) if result.ok else None
+
+
+def probe_targets(
+    fleet: Fleet,
+    targets: Sequence[Target],
+    *,
+    deep: bool = False,
+    on_done: Callable[[TargetReport], None] | None = None,
+) -> list[TargetReport]:
+    node_cache = _NodeFactsCache(fleet)
+
+    def probe_one(target: Target, transport: Transport) -> TargetReport:
+        started = time.monotonic()
+        node = node_cache.get(target)
+        facts = gather_facts(target, transport, deep=deep)
+        required = target.vars.get("required_extensions") or ()
+        findings = diagnose(facts, node, required_extensions=[str(name) for name in required])
+        report = TargetReport(target, "ok", facts, node, findings)
+        report.duration = time.monotonic() - started
+        if on_done:
+            on_done(report)
+        return report
+
+    def from_outcome(outcome: Outcome[TargetReport]) -> TargetReport:
+        if outcome.value is not None:
+            return outcome.value
+        report = TargetReport(
+            outcome.target, outcome.status, error=str(outcome.error), duration=outcome.duration
+        )
+        if on_done:
+            on_done(report)
+        return report
+
+    return [from_outcome(outcome) for outcome in fleet.map(targets, probe_one)]
+
+
+def gather_facts(target: Target, transport: Transport, *, deep: bool = False) -> Facts:
+    """The probe on one target, for playbooks: its facts only."""
+    script = build_probe_script(python_interpreters(target), deep=deep)
+    timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
+    result = run_script(transport, script, timeout=timeout)
+    if result.timed_out:
+        raise FleetfixError(f"probe timed out after {timeout:.0f}s")
+    return parse_facts(result.stdout)

@@ -1,0 +1,5 @@
+"""Transports: the one seam between fleetfix and a target. See base.Transport."""
+
+from fleetfix.transport.base import CommandResult, Transport
+
+__all__ = ["CommandResult", "Transport"]

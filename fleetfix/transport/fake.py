@@ -1,0 +1,108 @@
+"""A scripted Transport for tests: canned results, every call recorded, nothing unscripted allowed.
+
+    fake = FakeTransport("ct101")
+    fake.on("dpkg-query -W cuda-keyring", rc=1)             # substring of the script / command line
+    fake.on(re.compile(r"^apt-get .* update"), stdout="Hit:1 ...")
+    fake.on("uname -m", exact=True, stdout="x86_64\\n")
+    fake.on("nvcc", lambda call: CommandResult(0, "release 12.8", "", 0.0))  # computed
+    fake.on("apt-get install", ConnectionLostError("link dropped"))         # raised
+
+A call is matched on its text: the script for `run_script` (stdin of `/bin/sh -s`), else the command
+line. The first matching rule wins (`times=N` retires a rule after N uses, so a sequence of results for
+the same command is a list of rules). An unmatched call raises NotImplementedError(text), like Invoke's
+MockContext, so a test cannot pass by accident.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fleetfix.transport.base import SHELL_STDIN, CommandResult, command_line
+
+Responder = Callable[["FakeCall"], CommandResult]
+
+
+@dataclass(frozen=True)
+class FakeCall:
+    argv: tuple[str, ...]
+    stdin: bytes
+    timeout: float | None
+
+    @property
+    def is_script(self) -> bool:
+        return self.argv == SHELL_STDIN
+
+    @property
+    def text(self) -> str:
+        """What rules match against: the script itself, or the command line."""
+        if self.is_script:
+            return self.stdin.decode("utf-8", errors="replace")
+        return command_line(self.argv)
+
+
+@dataclass
+class _Rule:
+    pattern: str | re.Pattern[str]
+    exact: bool
+    response: CommandResult | Responder | BaseException
+    times: int | None
+    used: int = 0
+
+    def matches(self, text: str) -> bool:
+        if self.times is not None and self.used >= self.times:
+            return False
+        if isinstance(self.pattern, re.Pattern):
+            return self.pattern.search(text) is not None
+        return text == self.pattern if self.exact else self.pattern in text
+
+
+class FakeTransport:
+    def __init__(self, label: str = "fake") -> None:
+        self.label = label
+        self.calls: list[FakeCall] = []
+        self._rules: list[_Rule] = []
+        self._lock = threading.Lock()
+
+    def on(
+        self,
+        pattern: str | re.Pattern[str],
+        response: CommandResult | Responder | BaseException | None = None,
+        *,
+        rc: int = 0,
+        stdout: str = "",
+        stderr: str = "",
+        timed_out: bool = False,
+        exact: bool = False,
+        times: int | None = None,
+    ) -> FakeTransport:
+        """Script a response for calls whose text matches pattern (substring; exact=True; or a regex)."""
+        if response is None:
+            response = CommandResult(rc, stdout, stderr, 0.0, timed_out)
+        self._rules.append(_Rule(pattern, exact, response, times))
+        return self
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult:
+        call = FakeCall(tuple(argv), stdin, timeout)
+        with self._lock:
+            self.calls.append(call)
+            rule = next((rule for rule in self._rules if rule.matches(call.text)), None)
+            if rule is not None:
+                rule.used += 1
+        if rule is None:
+            raise NotImplementedError(call.text)
+        if isinstance(rule.response, BaseException):
+            raise rule.response
+        if isinstance(rule.response, CommandResult):
+            return rule.response
+        return rule.response(call)
+
+    @property
+    def scripts(self) -> list[str]:
+        """The text of every call so far, in order."""
+        with self._lock:
+            return [call.text for call in self.calls]

@@ -1,0 +1,44 @@
+"""The watchdog that makes a remote command's timeout actually kill it.
+
+Why a watchdog on the remote side: closing an SSH exec channel does not stop the command. sshd (OpenSSH
+9.2, measured) only closes the pipes; a `sleep 300` keeps running. The SSH `signal` channel request would
+killpg the session, but sshd refuses it for root logins ("session signalling requires privilege
+separation"), and Proxmox nodes are driven as root. So when a command has a timeout, it runs under a tiny
+POSIX sh wrapper that starts a timer; when the timer fires, the wrapper prints a marker line to stderr and
+`kill -KILL 0`s its own process group, which is the whole exec session (sshd makes every session a new
+process group). The command runs in the foreground, so its stdin is the channel's; only the timer is a
+background job. On normal exit the timer is stopped at once, so it never holds the channel open.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+# Written to stderr by the watchdog just before it kills the process group.
+TIMEOUT_MARKER = "fleetfix: timed out after"
+
+# $1: seconds; $2...: the command. The timer's sleep gets /dev/null for its output so that, if a stop races
+# with its start, a leftover sleep cannot keep the channel open (it only idles until it ends).
+_WATCHDOG = (
+    't=$1; shift; '
+    '( trap \'kill "$s" 2>/dev/null; exit 0\' TERM; '
+    'sleep "$t" </dev/null >/dev/null 2>&1 & s=$!; '
+    'wait "$s" || exit 0; '
+    f'echo "{TIMEOUT_MARKER} ${{t}}s: killing the command" >&2; '
+    "kill -KILL 0 ) </dev/null & k=$!; "
+    '"$@"; rc=$?; kill "$k" 2>/dev/null; exit "$rc"'
+)
+
+
+def watchdog_seconds(timeout: float) -> int:
+    """Whole seconds (POSIX sleep takes integers), never below 1."""
+    return max(1, math.ceil(timeout))
+
+
+def with_watchdog(argv: Sequence[str], timeout: float | None) -> tuple[str, ...]:
+    """argv, run under the kill-on-timeout wrapper when a timeout is set."""
+    if timeout is None:
+        return tuple(argv)
+    return ("/bin/sh", "-c", _WATCHDOG, "sh", str(watchdog_seconds(timeout)), *argv)
+

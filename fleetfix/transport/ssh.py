@@ -1,0 +1,435 @@
+"""SSH to a node with paramiko: one connection per node, many exec channels on it, errors mapped at the seam.
+
+`SSHConnection` owns one paramiko `Transport` (one TCP connection) and is safe to share between threads:
+every `execute` opens its own session channel, and a semaphore keeps the number of open channels under the
+server's MaxSessions (OpenSSH default 10, so 8 here). `SSHTransport` is the node-level `Transport` on top.
+
+No paramiko or socket exception leaves this module: they become `fleetfix.errors.TransportError` subclasses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from types import TracebackType
+from typing import Any
+
+import paramiko
+from paramiko.pkey import UnknownKeyType
+from paramiko.ssh_exception import (
+    AuthenticationException,
+    BadAuthenticationType,
+    ChannelException,
+    PasswordRequiredException,
+    SSHException,
+)
+
+from fleetfix.errors import (
+    AuthenticationError,
+    ConfigError,
+    ConnectError,
+    ConnectionLostError,
+    FleetfixError,
+    TransportError,
+)
+from fleetfix.target import SSHSettings
+from fleetfix.transport.base import CommandResult, command_line
+from fleetfix.transport.hostkeys import KnownHosts, known_hosts_name
+from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
+
+# paramiko logs some failures (e.g. a refused channel) at ERROR; with no handler configured, Python would
+# print them to stderr. They reach the user as TransportError messages instead.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+
+DEFAULT_MAX_CHANNELS = 8  # below OpenSSH's MaxSessions=10, leaving room for an interactive admin
+PASSPHRASE_ENV = "FLEETFIX_SSH_PASSPHRASE"
+TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` returns
+# After our deadline, how long to wait for the remote watchdog's kill to close the channel: it counts whole
+# seconds from the remote start, so it fires up to ~1 s plus one round trip after the local deadline.
+KILL_GRACE_SECONDS = 3.0
+_CHUNK = 65536
+_DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())
+    return text or type(error).__name__
+
+
+def parse_jump_host(spec: str, *, default_user: str) -> tuple[str, str, int]:
+    """ "user@host:port" (user and port optional, IPv6 as [addr]:port) → (user, host, port)."""
+    match = re.fullmatch(r"(?:([^@\s]+)@)?(\[[^\]\s]+\]|[^:@\s\[\]]+)(?::(\d{1,5}))?", spec.strip())
+    if not match:
+        raise ConfigError(f"invalid jump host {spec!r}: expected [user@]host[:port]", field="jump_host")
+    user, host, port = match.groups()
+    return user or default_user, host.strip("[]"), int(port or 22)
+
+
+class SSHConnection:
+    """One authenticated SSH connection to a node, shared by all commands (and containers) on that node."""
+
+    def __init__(
+        self, settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
+        label: str | None = None, kill_grace: float = KILL_GRACE_SECONDS,
+        sock_factory: Callable[[SSHSettings], Any] | None = None,
+    ) -> None:
+        """sock_factory: returns a connected socket-like object to use instead of dialling the node
+        (e.g. a latency-adding proxy in benchmarks); the host key is still checked for address:port."""
+        if max_channels < 1:
+            raise ValueError("max_channels must be at least 1")
+        self.settings = settings
+        self.label = label or f"{settings.user}@{settings.address}:{settings.port}"
+        self.endpoint = f"{settings.address}:{settings.port}"
+        self.max_channels = max_channels
+        self.kill_grace = kill_grace
+        self.sock_factory = sock_factory
+        self._channel_slots = threading.BoundedSemaphore(max_channels)
+        self._open_lock = threading.Lock()
+        self._transport: paramiko.Transport | None = None
+        self._bastion: SSHConnection | None = None
+        self._closed = False
+
+    # -- connection lifecycle -------------------------------------------------------------------------
+
+    def open(self) -> SSHConnection:
+        """Connect, verify the host key, authenticate. Idempotent and thread-safe; returns self."""
+        with self._open_lock:
+            if self._transport is not None:
+                return self
+            if self._closed:
+                raise ConnectionLostError(f"{self.endpoint}: connection already closed")
+            sock = self._open_socket()
+            try:
+                self._transport = self._handshake(sock)
+            except BaseException:
+                sock.close()
+                if self._bastion is not None:
+                    self._bastion.close()
+                raise
+            return self
+
+    @property
+    def is_open(self) -> bool:
+        return self._transport is not None and self._transport.is_active()
+
+    def close(self) -> None:
+        with self._open_lock:
+            self._closed = True
+            transport, self._transport = self._transport, None
+        if transport is not None:
+            transport.close()
+        if self._bastion is not None:
+            self._bastion.close()
+
+    def __enter__(self) -> SSHConnection:
+        return self.open()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def _open_socket(self) -> Any:
+        """A connected TCP socket, or a direct-tcpip channel through the jump host."""
+        s = self.settings
+        if s.jump_host:
+            return self._tunnel_through_jump_host(s.jump_host)
+        try:
+            if self.sock_factory is not None:
+                return self.sock_factory(s)
+            return socket.create_connection((s.address, s.port), timeout=s.connect_timeout)
+        except socket.gaierror as error:
+            raise ConnectError(f"{self.endpoint}: cannot resolve host: {error.strerror}") from None
+        except TimeoutError:
+            raise ConnectError(f"{self.endpoint}: connect timed out after {s.connect_timeout:g}s") from None
+        except ConnectionRefusedError:
+            raise ConnectError(f"{self.endpoint}: connection refused") from None
+        except OSError as error:
+            raise ConnectError(f"{self.endpoint}: {error.strerror or _one_line(error)}") from None
+
+    def _tunnel_through_jump_host(self, spec: str) -> paramiko.Channel:
+        s = self.settings
+        user, host, port = parse_jump_host(spec, default_user=s.user)
+        bastion_settings = replace(s, address=host, port=port, user=user, jump_host=None)
+        self._bastion = SSHConnection(
+            bastion_settings, max_channels=1, label=f"jump host {user}@{host}:{port}"
+        )
+        try:
+            self._bastion.open()
+        except TransportError as error:
+            raise type(error)(f"{self.endpoint} via jump host: {error}") from None
+        transport = self._bastion._transport
+        assert transport is not None
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (s.address, s.port), ("127.0.0.1", 0), timeout=s.connect_timeout
+            )
+        except ChannelException as error:
+            self._bastion.close()
+            raise ConnectError(
+                f"{self.endpoint}: jump host {host}:{port} could not connect: {error.text}"
+            ) from None
+        except (SSHException, EOFError, OSError) as error:
+            self._bastion.close()
+            raise ConnectError(f"{self.endpoint} via jump host {host}:{port}: {_one_line(error)}") from None
+
+    def _handshake(self, sock: Any) -> paramiko.Transport:
+        s = self.settings
+        known_hosts = KnownHosts(s.known_hosts)
+        transport = paramiko.Transport(sock)
+        transport.banner_timeout = s.connect_timeout  # paramiko's default is 15 s, whatever we ask for
+        try:
+            options = transport.get_security_options()
+            options.key_types = known_hosts.preferred_algorithms(
+                s.address, s.port, tuple(options.key_types)
+            )
+            transport.start_client(timeout=s.connect_timeout)
+            if not transport.is_active() or not transport.initial_kex_done:
+                raise ConnectError(f"{self.endpoint}: SSH handshake timed out after {s.connect_timeout:g}s")
+            server_key = transport.get_remote_server_key()
+        except (SSHException, EOFError, OSError) as error:
+            transport.close()
+            raise ConnectError(f"{self.endpoint}: SSH handshake failed: {_one_line(error)}") from None
+        except ConnectError:
+            transport.close()
+            raise
+        try:
+            # Before authenticating: never offer a credential to a host we do not trust.
+            known_hosts.verify(s.address, s.port, server_key, accept_new=s.accept_new)
+            self._authenticate(transport)
+        except BaseException:
+            transport.close()
+            raise
+        if s.keepalive > 0:
+            transport.set_keepalive(max(1, round(s.keepalive)))
+        return transport
+
+    # -- authentication -------------------------------------------------------------------------------
+
+    def _authenticate(self, transport: paramiko.Transport) -> None:
+        s = self.settings
+        who = f"{s.user}@{self.endpoint}"
+        agent: paramiko.Agent | None = None
+        try:
+            candidates: list[tuple[str, paramiko.PKey]]
+            if s.identity_file:
+                candidates = [(s.identity_file, load_private_key(s.identity_file))]
+            else:
+                agent = _open_agent()
+                candidates = [("agent key " + k.fingerprint, k) for k in (agent.get_keys() if agent else ())]
+                candidates += _default_identities()
+            if not candidates:
+                raise AuthenticationError(
+                    f"{who}: no SSH key to offer (set an identity file, or add a key to ssh-agent)"
+                )
+            for _, key in candidates:
+                try:
+                    remaining = transport.auth_publickey(s.user, key)
+                except BadAuthenticationType as error:
+                    raise AuthenticationError(
+                        f"{who}: server does not accept public-key login "
+                        f"(it allows: {', '.join(error.allowed_types) or 'nothing'})"
+                    ) from None
+                except AuthenticationException:
+                    continue
+                if transport.is_authenticated():
+                    return
+                raise AuthenticationError(
+                    f"{who}: server asks for more authentication ({', '.join(remaining)}); not supported"
+                )
+            tried = ", ".join(name for name, _ in candidates)
+            raise AuthenticationError(f"{who}: authentication rejected for key(s): {tried}")
+        except (SSHException, EOFError, OSError) as error:
+            raise ConnectError(f"{self.endpoint}: connection lost during login: {_one_line(error)}") from None
+        finally:
+            if agent is not None:
+                agent.close()
+
+    # -- commands -------------------------------------------------------------------------------------
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult:
+        """Run argv on the node (quoted once, here). Opens the connection on first use.
+
+        With a timeout, the command runs under the remote watchdog (see `remote.py`), so a timed-out
+        command is killed on the node, and the result has timed_out=True and exit code 124.
+        """
+        line = command_line(with_watchdog(argv, timeout))
+        self.open()
+        with self._channel_slots:
+            started = time.monotonic()
+            try:
+                return self._run(line, stdin, timeout, started, argv[0])
+            except FleetfixError:
+                raise
+            except (SSHException, EOFError, OSError) as error:
+                raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
+
+    def _run(
+        self, line: str, stdin: bytes, timeout: float | None, started: float, program: str
+    ) -> CommandResult:
+        transport = self._transport
+        if transport is None or not transport.is_active():
+            raise ConnectionLostError(f"{self.endpoint}: SSH connection is closed")
+        try:
+            channel = transport.open_session(timeout=self.settings.connect_timeout)
+        except ChannelException as error:
+            raise TransportError(f"{self.endpoint}: server refused a new channel: {error.text}") from None
+        except (SSHException, EOFError, OSError) as error:
+            if transport.is_active():
+                reason = _one_line(error)
+                raise TransportError(f"{self.endpoint}: could not open a channel: {reason}") from None
+            raise ConnectionLostError(f"{self.endpoint}: connection lost: {_one_line(error)}") from None
+        writer: threading.Thread | None = None
+        try:
+            wakeup = channel.fileno()  # a pipe paramiko sets on stdout/stderr data and on close
+            channel.exec_command(line)
+            writer = _send_stdin(channel, stdin)
+            deadline = None if timeout is None else started + timeout
+            out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace)
+        finally:
+            channel.close()
+            if writer is not None:
+                writer.join(timeout=5)
+        duration = time.monotonic() - started
+        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        # -1: no exit-status came. sshd sends exit-signal instead when the command died of a signal (the
+        # watchdog's SIGKILL, or any other), and paramiko does not parse that message.
+        # The watchdog SIGKILLs the whole session, so its kill never comes with an exit status: a status
+        # means the command ended on its own, even if it printed something that looks like our marker.
+        status = channel.exit_status if channel.status_event.is_set() else -1
+        if finished and status != -1:
+            return CommandResult(status, stdout, stderr, duration)
+        if not transport.is_active():
+            raise ConnectionLostError(f"{self.endpoint}: connection lost while running {program}")
+        watchdog_fired = _has_timeout_marker(stderr)
+        if timeout is not None and (not finished or watchdog_fired or duration >= timeout):
+            return CommandResult(TIMEOUT_EXIT_CODE, stdout, stderr, duration, timed_out=True)
+        return CommandResult(-1, stdout, stderr, duration)
+
+
+def _has_timeout_marker(stderr: str) -> bool:
+    return any(line.startswith(TIMEOUT_MARKER) for line in stderr.splitlines())
+
+
+def _send_stdin(channel: paramiko.Channel, data: bytes) -> threading.Thread | None:
+    """Send stdin then EOF. Inline when it fits the peer's window (never blocks), else from a thread, so a
+    command that writes a lot before it reads cannot deadlock against us."""
+    if len(data) <= channel.out_window_size:
+        _send_all_then_eof(channel, data)
+        return None
+    writer = threading.Thread(target=_send_all_then_eof, args=(channel, data), daemon=True)
+    writer.start()
+    return writer
+
+
+def _send_all_then_eof(channel: paramiko.Channel, data: bytes) -> None:
+    try:
+        if data:
+            channel.sendall(data)
+        channel.shutdown_write()
+    except (OSError, EOFError, SSHException):
+        pass  # the command exited without reading everything: its result says what happened
+
+
+def _collect(
+    channel: paramiko.Channel, wakeup: int, deadline: float | None, grace: float
+) -> tuple[bytes, bytes, bool]:
+    """Read stdout and stderr as they come until EOF and exit status; False as the third value when the
+    deadline (plus grace for the remote kill to land) passed first."""
+    out, err = bytearray(), bytearray()
+    poller = select.poll()
+    poller.register(wakeup, select.POLLIN)
+    give_up = None if deadline is None else deadline + grace
+    while True:
+        while channel.recv_ready():
+            out += channel.recv(_CHUNK)
+        while channel.recv_stderr_ready():
+            err += channel.recv_stderr(_CHUNK)
+        if channel.closed or (channel.eof_received and channel.status_event.is_set()):
+            return bytes(out), bytes(err), True
+        remaining = None if give_up is None else give_up - time.monotonic()
+        if remaining is not None and remaining <= 0:
+            return bytes(out), bytes(err), False
+        if channel.eof_received:  # output done; only the exit status is still to come
+            channel.status_event.wait(remaining)
+        else:
+            poller.poll(None if remaining is None else max(1, int(remaining * 1000)))
+
+
+def load_private_key(path: str) -> paramiko.PKey:
+    """An ed25519/ecdsa/rsa private key; its passphrase, if any, from $FLEETFIX_SSH_PASSPHRASE."""
+    passphrase = os.environ.get(PASSPHRASE_ENV) or None
+    try:
+        # bytes: paramiko 5 hands it to `cryptography`, which rejects str with a TypeError.
+        password: Any = passphrase.encode() if passphrase else None  # the stubs say str; bytes works
+        return paramiko.PKey.from_path(os.path.expanduser(path), password=password)
+    except FileNotFoundError:
+        raise AuthenticationError(f"identity file {path} does not exist") from None
+    except PermissionError:
+        raise AuthenticationError(f"identity file {path} is not readable") from None
+    except (PasswordRequiredException, TypeError):  # cryptography: "Password was not given but ..."
+        raise AuthenticationError(
+            f"identity file {path} is encrypted: set {PASSPHRASE_ENV} or load the key into ssh-agent"
+        ) from None
+    except (SSHException, ValueError, UnknownKeyType) as error:
+        reason = "wrong passphrase or unreadable key" if passphrase else _one_line(error)
+        raise AuthenticationError(f"cannot load identity file {path}: {reason}") from None
+
+
+def _open_agent() -> paramiko.Agent | None:
+    if not os.environ.get("SSH_AUTH_SOCK"):
+        return None
+    try:
+        return paramiko.Agent()
+    except (SSHException, OSError):
+        return None
+
+
+def _default_identities() -> list[tuple[str, paramiko.PKey]]:
+    """OpenSSH's default key files that exist and load (encrypted ones without a passphrase are skipped)."""
+    found: list[tuple[str, paramiko.PKey]] = []
+    for path in _DEFAULT_IDENTITIES:
+        if os.path.exists(os.path.expanduser(path)):
+            try:
+                found.append((path, load_private_key(path)))
+            except AuthenticationError:
+                continue
+    return found
+
+
+class SSHTransport:
+    """The node itself as a target: argv runs in the node's login shell, over the shared connection."""
+
+    def __init__(self, connection: SSHConnection, label: str | None = None) -> None:
+        self.connection = connection
+        self.label = label or connection.label
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+    ) -> CommandResult:
+        return self.connection.execute(argv, stdin=stdin, timeout=timeout)
+
+
+def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS) -> SSHConnection:
+    """Open (connect, verify, authenticate) a connection to a node; raises TransportError subclasses."""
+    return SSHConnection(settings, max_channels=max_channels).open()
+
+
+__all__ = [
+    "DEFAULT_MAX_CHANNELS",
+    "SSHConnection",
+    "SSHTransport",
+    "connect",
+    "known_hosts_name",
+    "load_private_key",
+    "parse_jump_host",
+]

@@ -1,0 +1,137 @@
+"""Shared pytest set-up: the `e2e` marker, the test bed's prerequisites, and the test-bed fixtures.
+
+Every test under tests/e2e gets the `e2e` marker. An e2e test needs root, OpenSSH (server and client),
+util-linux's unshare/nsenter and overlayfs; without them it is skipped with the reason - except in CI
+(`CI=true`), where a missing prerequisite is an error, so a pipeline cannot go green by skipping.
+
+Fixtures:
+    lab        session-scoped `Lab` with one node, "pve1", and no containers
+    make_ct    function-scoped factory: make_ct(ctid=None, *, node=None, name=None, running=True, tags=(),
+               setup=None, config=None) -> Container; every container it made is destroyed afterwards
+    lab_factory function-scoped factory for a private Lab: lab_factory(nodes=2) -> Lab, closed afterwards
+    stub_cache session-scoped directory for compiled test artefacts (torch_stub's extension module)
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lab.bed import Lab
+from tests.lab.container import Container
+
+E2E_DIR = (Path(__file__).parent / "e2e").resolve()
+
+
+def in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+@functools.cache
+def e2e_prerequisite_problem() -> str | None:
+    """Why the test bed cannot run here, or None when it can (checked once per session)."""
+    if os.geteuid() != 0:
+        return "the e2e test bed needs root (sshd on loopback, mount/pid namespaces, overlayfs)"
+    missing = [
+        path
+        for path in ("/usr/sbin/sshd", "/usr/bin/unshare", "/usr/bin/nsenter", "/usr/bin/python3")
+        if not os.access(path, os.X_OK)
+    ]
+    missing += [tool for tool in ("ssh", "ssh-keygen", "mount", "cp") if shutil.which(tool) is None]
+    if missing:
+        return f"the e2e test bed needs {', '.join(missing)} (apt-get install openssh-server openssh-client)"
+    # The honest check for namespaces + overlayfs: mount an overlay of / in a throwaway mount namespace.
+    with tempfile.TemporaryDirectory(prefix="fleetfix-overlay-check-") as scratch:
+        for sub in ("u", "w", "m"):
+            os.mkdir(os.path.join(scratch, sub))
+        probe = subprocess.run(
+            [
+                "/usr/bin/unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "mount",
+                "-t",
+                "overlay",
+                "overlay",
+                "-o",
+                f"lowerdir=/,upperdir={scratch}/u,workdir={scratch}/w",
+                f"{scratch}/m",
+            ],
+            capture_output=True,
+            text=True,
+        )
+    if probe.returncode != 0:
+        return f"cannot mount an overlay of / in a private mount namespace: {probe.stderr.strip()}"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(str(item.path)).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("e2e") is None:
+        return
+    problem = e2e_prerequisite_problem()
+    if problem is None:
+        return
+    if in_ci():
+        pytest.fail(f"CI=true and the e2e prerequisites are missing: {problem}", pytrace=False)
+    pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def stub_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stub-cache")
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    bed = Lab(tmp_path_factory.mktemp("lab") / "bed", nodes=1)
+    try:
+        yield bed
+    finally:
+        bed.close()
+
+
+@pytest.fixture
+def make_ct(lab: Lab) -> Iterator[Callable[..., Container]]:
+    made: list[Container] = []
+    fresh_ids = itertools.count(300)
+
+    def factory(ctid: int | None = None, *, node: str | None = None, **options: Any) -> Container:
+        if ctid is None:
+            ctid = next(ctid for ctid in fresh_ids if not lab.node(node).container(ctid).exists())
+        ct = lab.add_container(node, ctid, **options)
+        made.append(ct)
+        return ct
+
+    yield factory
+    for ct in made:
+        ct.destroy()
+
+
+@pytest.fixture
+def lab_factory(tmp_path: Path) -> Iterator[Callable[..., Lab]]:
+    labs: list[Lab] = []
+
+    def factory(nodes: int = 1) -> Lab:
+        bed = Lab(tmp_path / f"lab{len(labs)}", nodes=nodes)
+        labs.append(bed)
+        return bed
+
+    yield factory
+    for bed in labs:
+        bed.close()

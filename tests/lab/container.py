@@ -1,0 +1,665 @@
+"""Test-bed LXC containers: overlay mounts of this machine's root, each with a long-lived PID 1.
+
+A container is a directory ``<node_dir>/ct/<ID>/`` holding ``upper/`` and ``work/`` (the overlay's writable
+layer and scratch dir) and ``rootfs/`` (the mount point, used only inside the container's own mount
+namespace), plus a config file ``<node_dir>/lxc/<ID>.conf`` in the format of ``/etc/pve/lxc/<ID>.conf``.
+
+Starting a container runs a small sh "init" inside ``unshare --mount --pid --uts --ipc --fork``: it mounts
+the overlay (lowerdir=/), /proc, /sys (read-only), a minimal /dev and a /run tmpfs, sets the hostname, then
+chroots into the overlay and idles as PID 1, reaping orphans. Because every mount lives in the container's
+private mount namespace, killing PID 1 tears the whole container down (the kernel kills everything in the
+PID namespace and drops the mounts): no mount ever leaks into this machine's namespace. Writes land in
+``upper/`` only; the host's files are never touched.
+
+The container is made hermetic at creation by seeding ``upper/`` (whiteouts = char devices 0:0, opaque
+directories = the ``trusted.overlay.opaque`` xattr): no apt sources, no apt lists, no NVIDIA keyring/pin, no
+``/usr/local/cuda*``, a fresh /root and /tmp, and none of this machine's non-Debian top-level directories.
+
+This module is imported both by the test suite (``tests.lab.container``) and by the ``pct`` stand-in, which
+runs it with the node's ``/usr/bin/python3`` (Debian's 3.11): standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+# Set (by the node's `pct` wrapper) to the node's state directory.
+NODE_DIR_ENV = "FLEETFIX_LAB_NODE_DIR"
+NSENTER = "/usr/bin/nsenter"
+UNSHARE = "/usr/bin/unshare"
+# What PVE's CLI handler forces PATH to (pct exec keeps the rest of the caller's environment).
+PVE_CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"
+
+# Top-level entries a Debian container has; anything else on this machine (/work, /farm...) is hidden.
+_ROOTFS_TOP = frozenset({
+    "bin", "boot", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "media", "mnt", "opt", "proc",
+    "root", "run", "sbin", "srv", "sys", "tmp", "usr", "var",
+})  # fmt: skip
+# Host files a fresh container must not inherit (globs, relative to /). Hidden with whiteouts.
+_HIDDEN_GLOBS = (
+    "usr/local/cuda*",
+    "etc/ld.so.conf.d/*cuda*",
+    "etc/apt/preferences.d/*cuda*",
+    "etc/apt/trusted.gpg.d/*cuda*",
+    "etc/apt/trusted.gpg.d/*nvidia*",
+    "usr/share/keyrings/*cuda*",
+    "usr/share/keyrings/*nvidia*",
+    "var/cache/apt/*.bin",
+    "etc/alternatives/cuda*",
+)
+# Directories replaced by empty opaque ones (so the host's contents disappear).
+_OPAQUE_DIRS = ("etc/apt/sources.list.d", "var/lib/apt/lists", "root", "tmp")
+
+# The container's init, run as PID 1 of the new PID namespace by `unshare --fork`.
+# $1 upper, $2 work, $3 mount point, $4 hostname. Prints "ready <host pid>" once the mounts are up.
+_INIT_SCRIPT = r"""
+set -e
+U=$1 W=$2 M=$3 NAME=$4
+mount -t overlay overlay -o "lowerdir=/,upperdir=$U,workdir=$W" "$M"
+mount -t proc -o nosuid,nodev,noexec proc "$M/proc"
+mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$M/sys"
+mount -t tmpfs -o mode=755,size=16m,nosuid tmpfs "$M/dev"
+for dev in null zero full random urandom tty; do
+    : > "$M/dev/$dev"
+    mount --bind "/dev/$dev" "$M/dev/$dev"
+done
+mkdir -p "$M/dev/pts" "$M/dev/shm"
+mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts "$M/dev/pts"
+ln -s pts/ptmx "$M/dev/ptmx"
+mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs "$M/dev/shm"
+ln -s /proc/self/fd "$M/dev/fd"
+ln -s /proc/self/fd/0 "$M/dev/stdin"
+ln -s /proc/self/fd/1 "$M/dev/stdout"
+ln -s /proc/self/fd/2 "$M/dev/stderr"
+mount -t tmpfs -o mode=755,nosuid,nodev,size=64m tmpfs "$M/run"
+mkdir -p "$M/run/lock" && chmod 1777 "$M/run/lock"
+echo "$NAME" > /proc/sys/kernel/hostname
+# The host's /proc is still mounted at /proc here: `read` is a builtin, so /proc/self is this shell,
+# and the first field is its PID as this machine sees it (inside the namespace it is 1).
+read -r host_pid _ < /proc/self/stat
+echo "ready $host_pid"
+exec </dev/null >/dev/null
+# PID 1: idle and reap whatever gets reparented to us (dash's `wait` reaps any child).
+exec chroot "$M" /bin/sh -c 'trap "exit 0" TERM; while :; do sleep 2147483647 & wait; done'
+"""
+
+
+class ContainerError(RuntimeError):
+    """A container operation failed (the message is pct-style, one line)."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# /etc/pve/lxc/ID.conf: "key: value" lines, then one "[snapname]" section per snapshot.
+# --------------------------------------------------------------------------------------------------------
+class CtConfig:
+    def __init__(self, main: dict[str, str], snapshots: dict[str, dict[str, str]]) -> None:
+        self.main = main
+        self.snapshots = snapshots
+
+    @classmethod
+    def parse(cls, text: str) -> CtConfig:
+        main: dict[str, str] = {}
+        snapshots: dict[str, dict[str, str]] = {}
+        section = main
+        for raw in text.splitlines():
+            line = raw.strip()
+            if not line or line.startswith("#"):
+                continue
+            header = re.fullmatch(r"\[([^\]]+)\]", line)
+            if header:
+                section = snapshots.setdefault(header.group(1), {})
+                continue
+            key, _, value = line.partition(":")
+            section[key.strip()] = value.strip()
+        return cls(main, snapshots)
+
+    def render(self) -> str:
+        def block(values: dict[str, str]) -> str:
+            return "".join(f"{key}: {value}\n" for key, value in values.items())
+
+        parts = [block(self.main)]
+        parts += [f"\n[{name}]\n{block(values)}" for name, values in self.snapshots.items()]
+        return "".join(parts)
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------------------
+# Process helpers (PIDs are checked with their start time, so a reused PID is never mistaken for ours).
+# --------------------------------------------------------------------------------------------------------
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state letter, start time in clock ticks) of a live process, None when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return fields[0], int(fields[19])
+
+
+def _alive(pid: int, start_time: int) -> bool:
+    info = _proc_stat(pid)
+    return info is not None and info[0] not in ("Z", "X") and info[1] == start_time
+
+
+def _wait_gone(pid: int, start_time: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while _alive(pid, start_time):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+# --------------------------------------------------------------------------------------------------------
+# The container
+# --------------------------------------------------------------------------------------------------------
+class Container:
+    # A plain class, not a dataclass: importing dataclasses costs ~15 ms on every `pct` call.
+    def __init__(self, node: NodeState, ctid: int) -> None:
+        self.node = node
+        self.ctid = ctid
+
+    def __repr__(self) -> str:
+        return f"Container({self.node.dir}, {self.ctid})"
+
+    # -- paths ---------------------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        return self.node.dir / "ct" / str(self.ctid)
+
+    @property
+    def upper_dir(self) -> Path:
+        """The overlay's writable layer: everything the container ever wrote, and nothing else."""
+        return self.dir / "upper"
+
+    @property
+    def work_dir(self) -> Path:
+        return self.dir / "work"
+
+    @property
+    def mount_point(self) -> Path:
+        return self.dir / "rootfs"
+
+    @property
+    def snapshot_root(self) -> Path:
+        return self.dir / "snapshots"
+
+    @property
+    def conf_path(self) -> Path:
+        return self.node.conf_path(self.ctid)
+
+    @property
+    def _run_file(self) -> Path:
+        return self.dir / "run.json"
+
+    # -- config --------------------------------------------------------------------------------------
+    def exists(self) -> bool:
+        return self.conf_path.is_file()
+
+    def config(self) -> CtConfig:
+        return CtConfig.parse(self.conf_path.read_text())
+
+    def save_config(self, config: CtConfig) -> None:
+        _atomic_write(self.conf_path, config.render())
+
+    @property
+    def name(self) -> str:
+        return self.config().main.get("hostname", f"CT{self.ctid}")
+
+    # -- runtime state -------------------------------------------------------------------------------
+    def _run_state(self) -> dict[str, int] | None:
+        try:
+            state: dict[str, int] = json.loads(self._run_file.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        return state
+
+    @property
+    def pid1(self) -> int | None:
+        """PID (as this machine sees it) of the container's init, None when stopped."""
+        state = self._run_state()
+        if state and _alive(state["pid1"], state["pid1_start"]):
+            return state["pid1"]
+        return None
+
+    @property
+    def running(self) -> bool:
+        return self.pid1 is not None
+
+    @property
+    def status(self) -> str:
+        return "running" if self.running else "stopped"
+
+    @property
+    def root_path(self) -> Path:
+        """The container's / as seen from outside: /proc/PID1/root while running, else the upper dir.
+
+        Writing through it from the host is fine for plain paths; an absolute symlink inside the container
+        would be resolved against the *host's* root, so use `exec` for anything clever.
+        """
+        pid = self.pid1
+        return Path(f"/proc/{pid}/root") if pid else self.upper_dir
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self, timeout: float = 10.0) -> int:
+        """Start the container; returns PID 1's host PID. Raises ContainerError when already running."""
+        if self.running:
+            raise ContainerError(f"CT {self.ctid} already running")
+        # A fresh workdir each start: overlay wants it empty-ish and it is scratch space only.
+        shutil.rmtree(self.work_dir, ignore_errors=True)
+        self.work_dir.mkdir(parents=True)
+        self.mount_point.mkdir(parents=True, exist_ok=True)
+        log_path = self.dir / "init.log"
+        argv = [
+            UNSHARE,
+            "--mount",
+            "--pid",
+            "--uts",
+            "--ipc",
+            "--fork",
+            "--propagation",
+            "private",
+            "/bin/sh",
+            "-c",
+            _INIT_SCRIPT,
+            "ct-init",
+            str(self.upper_dir),
+            str(self.work_dir),
+            str(self.mount_point),
+            self.name,
+        ]
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = self._launch(argv, log_path, timeout)
+            if ready is not None:
+                break
+            # Right after a stop the old overlay may still be being torn down (upper dir "in use"); retry.
+            if time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-1500:] if log_path.exists() else ""
+                raise ContainerError(f"CT {self.ctid} failed to start: {tail.strip()}")
+            time.sleep(0.05)
+        pid1, launcher = ready
+        info, launcher_info = _proc_stat(pid1), _proc_stat(launcher)
+        if info is None or launcher_info is None:
+            raise ContainerError(f"CT {self.ctid} exited right after starting")
+        state = {
+            "pid1": pid1,
+            "pid1_start": info[1],
+            "launcher": launcher,
+            "launcher_start": launcher_info[1],
+        }
+        _atomic_write(self._run_file, json.dumps(state))
+        return pid1
+
+    def _launch(self, argv: list[str], log_path: Path, timeout: float) -> tuple[int, int] | None:
+        """Run the init detached (own session, not our child); return (pid1, launcher pid) or None."""
+        read_fd, write_fd = os.pipe()
+        with open(log_path, "ab") as log:
+            # Double fork: the `unshare` launcher is re-parented to init at once, so neither pytest nor a
+            # short-lived `pct start` has to reap it, and it outlives the SSH session that started it.
+            middle = os.fork()
+            if middle == 0:  # pragma: no cover - runs in the child
+                try:
+                    os.setsid()
+                    launcher = os.fork()
+                    if launcher == 0:
+                        # Python ignores SIGPIPE/SIGXFSZ and exec would keep that: restore the defaults.
+                        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                        signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+                        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+                        os.dup2(write_fd, 1)
+                        os.dup2(log.fileno(), 2)
+                        os.closerange(3, 1024)
+                        os.execv(argv[0], argv)
+                    os.write(write_fd, f"launcher {launcher}\n".encode())
+                finally:
+                    os._exit(0)
+        os.close(write_fd)
+        os.waitpid(middle, 0)
+        output = b""
+        with os.fdopen(read_fd, "rb") as pipe:
+            # Read up to "ready": the unshare parent keeps the pipe's write end, so no EOF on success.
+            # On failure everything exits and EOF ends the loop.
+            for line in iter(pipe.readline, b""):
+                output += line
+                if line.startswith(b"ready "):
+                    break
+        launcher_match = re.search(rb"launcher (\d+)", output)
+        ready_match = re.search(rb"ready (\d+)", output)
+        if not ready_match or not launcher_match:
+            return None
+        return int(ready_match.group(1)), int(launcher_match.group(1))
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Hard stop (like `pct stop`): kill PID 1; the kernel kills the rest and drops the mounts."""
+        state = self._run_state()
+        if state is None:
+            return
+        if _alive(state["pid1"], state["pid1_start"]):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(state["pid1"], signal.SIGKILL)
+        ok = _wait_gone(state["pid1"], state["pid1_start"], timeout)
+        # The launcher shares the container's mount namespace: once it is gone, the overlay is unmounted.
+        ok = _wait_gone(state["launcher"], state["launcher_start"], timeout) and ok
+        if not ok:
+            raise ContainerError(f"CT {self.ctid} did not stop within {timeout}s")
+        self._run_file.unlink(missing_ok=True)
+
+    def destroy(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        self.conf_path.unlink(missing_ok=True)
+
+    # -- running commands ----------------------------------------------------------------------------
+    def nsenter_argv(self, command: list[str]) -> list[str]:
+        """argv that runs command inside the container (`--wd` bare: the target's cwd, inside the chroot)."""
+        pid = self.pid1
+        if pid is None:
+            raise ContainerError(f"container '{self.ctid}' not running!")
+        return [
+            NSENTER,
+            f"--target={pid}",
+            "--mount",
+            "--uts",
+            "--ipc",
+            "--pid",
+            "--root",
+            "--wd",
+            "--",
+            *command,
+        ]
+
+    def exec(
+        self,
+        command: list[str],
+        *,
+        input: bytes = b"",
+        check: bool = False,
+        timeout: float = 120.0,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run command in the container directly (no SSH, no pct), as test set-up does."""
+        run_env = env if env is not None else {"PATH": PVE_CLI_PATH, "LANG": "C.UTF-8", "container": "lxc"}
+        return subprocess.run(
+            self.nsenter_argv(command),
+            input=input,
+            capture_output=True,
+            check=check,
+            timeout=timeout,
+            env=run_env,
+        )
+
+    def sh(
+        self, script: str, *, check: bool = True, timeout: float = 120.0
+    ) -> subprocess.CompletedProcess[bytes]:
+        """Run a POSIX sh script inside the container (sent on stdin)."""
+        result = self.exec(["/bin/sh", "-s"], input=script.encode(), timeout=timeout)
+        if check and result.returncode != 0:
+            raise ContainerError(
+                f"CT {self.ctid}: script failed (exit {result.returncode}): "
+                f"{result.stderr.decode(errors='replace').strip()[-800:]}"
+            )
+        return result
+
+    def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
+        """Create a file inside the container (parents too), running or stopped."""
+        target = self.root_path / path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data.encode() if isinstance(data, str) else data)
+        target.chmod(mode)
+
+    # -- snapshots (a snapshot is a copy of the upper dir plus a config section, as PVE keeps it) ----
+    def snapshot_dir(self, name: str) -> Path:
+        return self.snapshot_root / name / "upper"
+
+    def copy_upper_to(self, destination: Path) -> None:
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        # cp -a keeps modes, owners, times, hard links, whiteouts (char 0:0) and the trusted.overlay.* xattrs.
+        subprocess.run(["cp", "-a", "--", str(self.upper_dir), str(destination)], check=True)
+
+    def restore_upper_from(self, source: Path) -> None:
+        if self.running:
+            raise ContainerError(f"CT {self.ctid} is running")
+        staging = self.dir / "upper.restore"
+        shutil.rmtree(staging, ignore_errors=True)
+        subprocess.run(["cp", "-a", "--", str(source), str(staging)], check=True)
+        shutil.rmtree(self.upper_dir)
+        os.replace(staging, self.upper_dir)
+
+
+# --------------------------------------------------------------------------------------------------------
+# The node's container registry
+# --------------------------------------------------------------------------------------------------------
+class NodeState:
+    """A node's state directory: its name, its containers' configs and dirs, and the pct call log."""
+
+    def __init__(self, node_dir: Path) -> None:
+        self.dir = node_dir
+
+    @classmethod
+    def from_env(cls) -> NodeState:
+        value = os.environ.get(NODE_DIR_ENV)
+        if not value:
+            raise ContainerError(f"{NODE_DIR_ENV} is not set: this pct stand-in only runs on a test-bed node")
+        return cls(Path(value))
+
+    @classmethod
+    def create(cls, node_dir: Path, name: str) -> NodeState:
+        for sub in ("lxc", "ct"):
+            (node_dir / sub).mkdir(parents=True, exist_ok=True)
+        (node_dir / "nodename").write_text(f"{name}\n")
+        return cls(node_dir)
+
+    @property
+    def name(self) -> str:
+        return (self.dir / "nodename").read_text().strip()
+
+    @property
+    def pct_log(self) -> Path:
+        return self.dir / "pct.log"
+
+    def conf_path(self, ctid: int) -> Path:
+        return self.dir / "lxc" / f"{ctid}.conf"
+
+    def ctids(self) -> list[int]:
+        ids = [int(path.stem) for path in (self.dir / "lxc").glob("*.conf") if path.stem.isdigit()]
+        return sorted(ids)
+
+    def container(self, ctid: int) -> Container:
+        return Container(self, ctid)
+
+    def containers(self) -> list[Container]:
+        return [Container(self, ctid) for ctid in self.ctids()]
+
+    def create_container(
+        self,
+        ctid: int,
+        *,
+        hostname: str | None = None,
+        tags: tuple[str, ...] = (),
+        extra_config: dict[str, str] | None = None,
+    ) -> Container:
+        ct = Container(self, ctid)
+        if ct.exists():
+            raise ContainerError(f"CT {ctid} already exists on node '{self.name}'")
+        hostname = hostname or f"ct{ctid}"
+        shutil.rmtree(ct.dir, ignore_errors=True)
+        ct.dir.mkdir(parents=True)
+        seed_hermetic_upper(ct.upper_dir, hostname)
+        main = {
+            "arch": "amd64",
+            "cores": "2",
+            "hostname": hostname,
+            "memory": "2048",
+            "ostype": "debian",
+            "rootfs": f"local-lvm:vm-{ctid}-disk-0,size=8G",
+            "swap": "512",
+        }
+        if tags:
+            main["tags"] = ";".join(tags)
+        main.update(extra_config or {})
+        ct.save_config(CtConfig(main, {}))
+        return ct
+
+    def log_invocation(self, argv: list[str]) -> None:
+        line = json.dumps(argv) + "\n"
+        # One write() with O_APPEND: concurrent pct calls never interleave within a line.
+        fd = os.open(self.pct_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+
+    def pct_calls(self) -> list[list[str]]:
+        """Every pct invocation so far, as argv lists (without the program name)."""
+        if not self.pct_log.exists():
+            return []
+        return [json.loads(line) for line in self.pct_log.read_text().splitlines() if line]
+
+
+# --------------------------------------------------------------------------------------------------------
+# Seeding the upper dir
+# --------------------------------------------------------------------------------------------------------
+def _mkdir_like_host(upper: Path, relative: str) -> Path:
+    """Create upper/relative (and parents), copying each directory's mode/owner from the host."""
+    path = upper
+    for part in Path(relative).parts:
+        path = path / part
+        if not path.is_dir():
+            path.mkdir()
+            host = Path("/") / path.relative_to(upper)
+            with contextlib.suppress(FileNotFoundError):
+                info = host.lstat()
+                os.chown(path, info.st_uid, info.st_gid)
+                os.chmod(path, stat.S_IMODE(info.st_mode))
+    return path
+
+
+def _whiteout(upper: Path, relative: str) -> None:
+    parent = _mkdir_like_host(upper, str(Path(relative).parent))
+    target = parent / Path(relative).name
+    if not target.exists() and not target.is_symlink():
+        os.mknod(target, stat.S_IFCHR | 0o000, os.makedev(0, 0))
+
+
+def _opaque_dir(upper: Path, relative: str) -> Path:
+    path = _mkdir_like_host(upper, relative)
+    os.setxattr(path, "trusted.overlay.opaque", b"y")
+    return path
+
+
+def seed_hermetic_upper(upper: Path, hostname: str) -> None:
+    """Lay out the upper dir so the container starts clean (see the module docstring)."""
+    upper.mkdir(parents=True, exist_ok=True)
+    for entry in os.listdir("/"):
+        if entry not in _ROOTFS_TOP:
+            _whiteout(upper, entry)
+    for pattern in _HIDDEN_GLOBS:
+        for host_path in glob.glob("/" + pattern):
+            _whiteout(upper, host_path[1:])
+    for relative in _OPAQUE_DIRS:
+        _opaque_dir(upper, relative)
+    (upper / "tmp").chmod(0o1777)
+    root_home = upper / "root"
+    root_home.chmod(0o700)
+    for dotfile in (".bashrc", ".profile"):
+        skel = Path("/etc/skel") / dotfile
+        if skel.is_file():
+            shutil.copy2(skel, root_home / dotfile)
+    # apt wants lists/partial (owned by _apt, mode 700, like the host's).
+    partial = upper / "var/lib/apt/lists/partial"
+    partial.mkdir()
+    with contextlib.suppress(FileNotFoundError):
+        info = Path("/var/lib/apt/lists/partial").stat()
+        os.chown(partial, info.st_uid, info.st_gid)
+        os.chmod(partial, stat.S_IMODE(info.st_mode))
+    # No apt sources at all: only what a test configures is used.
+    _mkdir_like_host(upper, "etc/apt")
+    (upper / "etc/apt/sources.list").write_text("")
+    (upper / "etc/hostname").write_text(f"{hostname}\n")
+
+
+# --------------------------------------------------------------------------------------------------------
+# Comparing upper dirs ("check mode changed nothing")
+# --------------------------------------------------------------------------------------------------------
+def _sha256(path: Path) -> str:
+    import hashlib  # only the test suite digests trees; keep `pct` start-up lean
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# overlayfs bookkeeping it writes on its own on *lookups* (where a dir came from, whether it holds copied-up
+# entries): not a change made by anything running in the container, so digests ignore them. The opaque,
+# redirect and metacopy markers do change what the container sees, and are kept.
+_OVERLAY_BOOKKEEPING_XATTRS = frozenset({"trusted.overlay.origin", "trusted.overlay.impure"})
+
+
+def _xattrs(path: Path) -> str:
+    try:
+        names = sorted(set(os.listxattr(path, follow_symlinks=False)) - _OVERLAY_BOOKKEEPING_XATTRS)
+    except OSError:
+        return ""
+    values = []
+    for name in names:
+        with contextlib.suppress(OSError):
+            values.append(f"{name}={os.getxattr(path, name, follow_symlinks=False).hex()}")
+    return ",".join(values)
+
+
+def tree_digest(root: Path, *, mtimes: bool = True) -> dict[str, str]:
+    """Describe every entry under root: type, mode, owner, size, content hash, link target, whiteouts,
+    xattrs (overlay opaque markers) and, by default, mtimes. Equal dicts = byte-for-byte equal trees;
+    comparing two dicts in an assert shows exactly which paths differ."""
+    entries: dict[str, str] = {}
+
+    def describe(path: Path) -> str:
+        info = path.lstat()
+        mode = stat.S_IMODE(info.st_mode)
+        common = f"mode={mode:o} uid={info.st_uid} gid={info.st_gid}"
+        if mtimes:
+            common += f" mtime={info.st_mtime_ns}"
+        xattrs = _xattrs(path)
+        if xattrs:
+            common += f" xattrs={xattrs}"
+        if stat.S_ISLNK(info.st_mode):
+            return f"symlink -> {os.readlink(path)} {common}"
+        if stat.S_ISDIR(info.st_mode):
+            return f"dir {common}"
+        if stat.S_ISCHR(info.st_mode) and info.st_rdev == os.makedev(0, 0):
+            return f"whiteout {common}"
+        if stat.S_ISREG(info.st_mode):
+            return f"file size={info.st_size} sha256={_sha256(path)} {common}"
+        return f"special type={stat.S_IFMT(info.st_mode):o} rdev={info.st_rdev} {common}"
+
+    def walk(directory: Path) -> Iterator[Path]:
+        for entry in sorted(os.scandir(directory), key=lambda item: item.name):
+            path = Path(entry.path)
+            yield path
+            if entry.is_dir(follow_symlinks=False):
+                yield from walk(path)
+
+    if root.exists():
+        entries["."] = describe(root)
+        for path in walk(root):
+            entries[str(path.relative_to(root))] = describe(path)
+    return entries

@@ -1,0 +1,522 @@
+#!/usr/bin/python3
+"""A stand-in for Proxmox VE's `pct`, for test-bed nodes (see tests/lab/container.py for the containers).
+
+It follows pve-container's `src/PVE/CLI/pct.pm` (docs/DOMAIN.md 5.2) where fleetfix can observe it:
+
+    pct exec ID [--keep-env 0|1] [--] CMD...   run CMD in the CT; stdin/stdout/stderr and the exit code pass
+                                                through; caller env kept (+container=lxc), PATH forced to
+                                                /sbin:/bin:/usr/sbin:/usr/bin, SSL_CERT_FILE/DIR removed
+    pct list | status ID | start ID | stop ID | config ID
+    pct snapshot ID NAME [--description D] | listsnapshot ID | rollback ID NAME [--start 0|1]
+    pct delsnapshot ID NAME [--force 0|1] | push ID SRC DST [--perms P] [--user U] [--group G]
+    pct pull ID SRC DST [--perms P] [--user U] [--group G]
+
+Errors are PVE's one-line messages on stderr with exit status 255 (a Perl `die` in the CLI handler).
+Every invocation is appended to <node dir>/pct.log (one JSON argv per line) so tests can count calls.
+
+`pct exec` and a lost SSH channel: real pct execs lxc-attach, and OpenSSH does not signal a non-PTY
+session's processes when the channel closes, so a command that never writes keeps running. The test bed
+must not leak processes, so without a terminal this stand-in forks: the child (its own process group) execs
+`nsenter`, which forks the command inside the container (same process group); the parent only waits. It
+relays SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 to the group, and when the reader of its stdout or
+stderr goes away (the channel closed) it sends the group SIGPIPE, then SIGKILL after a second. Its exit
+status is the command's (a command killed by signal N kills the parent with N too), so exit codes and
+signals stay honest. Processes that leave the group (setsid daemons) are only ended by stopping the CT.
+With a terminal on stdin (ssh -t), or FLEETFIX_LAB_PCT_PLAIN_EXEC=1, it execs nsenter directly, like the
+real pct.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import resource
+import select
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import contextlib
+
+import container as ctlib
+
+EXIT_DIE = 255  # what a Perl `die` in PVE's CLI handler exits with
+PLAIN_EXEC_ENV = "FLEETFIX_LAB_PCT_PLAIN_EXEC"
+_LAB_ENV_PREFIX = "FLEETFIX_LAB_"
+_SNAPNAME_RE = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)  # pve-configid, max 40 chars
+_RELAYED_SIGNALS = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+class PctDie(Exception):
+    """A PVE-style fatal error: message printed as-is, exit 255."""
+
+
+def _parse_options(
+    args: list[str], allowed: dict[str, bool], *, require_order: bool = False
+) -> tuple[dict[str, str], list[str]]:
+    """Split PVE-style `--name value` options (allowed: name -> takes a value) from positional args.
+
+    Options may come anywhere (Getopt::Long's default), except that with require_order (PVE uses it for
+    commands taking `extra-args`, like exec) the first positional word ends option parsing. Everything
+    after `--` is positional verbatim.
+    """
+    options: dict[str, str] = {}
+    positional: list[str] = []
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg == "--":
+            positional += args[index + 1 :]
+            break
+        if require_order and positional:
+            positional += args[index:]
+            break
+        if arg.startswith("-") and len(arg) > 1:
+            name, has_eq, value = arg.lstrip("-").partition("=")
+            if name not in allowed:
+                raise PctDie(f"Unknown option: {name}")
+            if allowed[name] and not has_eq:
+                index += 1
+                if index >= len(args):
+                    raise PctDie(f"Option {name} requires an argument")
+                value = args[index]
+            options[name] = value if allowed[name] else "1"
+        else:
+            positional.append(arg)
+        index += 1
+    return options, positional
+
+
+def _bool_option(value: str | None, default: bool) -> bool:
+    if value is None:
+        return default
+    return value.lower() in ("1", "true", "yes", "on")
+
+
+def _vmid(node: ctlib.NodeState, text: str | None, *, must_exist: bool = True) -> ctlib.Container:
+    if text is None or not re.fullmatch(r"[1-9][0-9]{2,8}", text):
+        raise PctDie(
+            "400 Parameter verification failed.\n"
+            f"vmid: invalid format - value '{text}' does not look like a valid VM ID"
+        )
+    ct = node.container(int(text))
+    if must_exist and not ct.exists():
+        # Config::load_config on a CT that is not on this node.
+        raise PctDie(f"Configuration file 'nodes/{node.name}/lxc/{text}.conf' does not exist")
+    return ct
+
+
+# ----------------------------------------------------------------------------------------------------------
+# exec
+# ----------------------------------------------------------------------------------------------------------
+def _exec_environment(keep_env: bool) -> dict[str, str]:
+    if keep_env:
+        env = {key: value for key, value in os.environ.items() if not key.startswith(_LAB_ENV_PREFIX)}
+        env.pop("SSL_CERT_FILE", None)
+        env.pop("SSL_CERT_DIR", None)
+        env["PATH"] = ctlib.PVE_CLI_PATH
+    else:
+        # lxc-attach --clear-env: an empty environment plus its default PATH.
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    env["container"] = "lxc"
+    return env
+
+
+def cmd_exec(node: ctlib.NodeState, args: list[str]) -> int:
+    vmid_text = args[0] if args else None
+    ct = _vmid(node, vmid_text)
+    options, command = _parse_options(args[1:], {"keep-env": True}, require_order=True)
+    if not ct.running:
+        raise PctDie(f"container '{ct.ctid}' not running!")
+    if not command:
+        raise PctDie("missing command")
+    argv = ct.nsenter_argv(command)
+    env = _exec_environment(_bool_option(options.get("keep-env"), default=True))
+    plain = os.environ.get(PLAIN_EXEC_ENV) == "1" or os.isatty(0)
+    if plain:
+        _restore_default_signals()
+        os.execve(argv[0], argv, env)
+    return _run_watched(argv, env)
+
+
+def _restore_default_signals() -> None:
+    """Python ignores SIGPIPE and SIGXFSZ, and exec keeps ignored signals: undo that for the command."""
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ, *_RELAYED_SIGNALS):
+        signal.signal(signum, signal.SIG_DFL)
+
+
+def _is_pipe_or_socket(fd: int) -> bool:
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _hang_up(child: int, grace: float = 1.0) -> int:
+    """The channel is gone: end the command's process group; return the child's wait status.
+
+    SIGPIPE first, as the command's next write would have got (so `... | head -1` on the node still sees
+    141), then SIGKILL for whatever in the group ignored it, so nothing outlives the channel.
+    """
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child, signal.SIGPIPE)
+    status: int | None = None
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if status is None:
+            pid, wait_status = os.waitpid(child, os.WNOHANG)
+            status = wait_status if pid else None
+        if status is not None and not _group_alive(child):  # reaped nsenter; the command is gone too
+            return status
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(child, signal.SIGKILL)
+    return status if status is not None else os.waitpid(child, 0)[1]
+
+
+def _run_watched(argv: list[str], env: dict[str, str]) -> int:
+    """Fork+exec argv in its own process group and mirror its fate (see the module docstring)."""
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            os.setpgid(0, 0)
+            _restore_default_signals()
+            os.execve(argv[0], argv, env)
+        finally:
+            os._exit(127)
+    # Make sure the group exists before anything could be relayed to it (avoid a race with the child).
+    with contextlib.suppress(OSError):
+        os.setpgid(child, child)
+
+    def relay(signum: int, _frame: object) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child, signum)
+
+    for signum in _RELAYED_SIGNALS:
+        signal.signal(signum, relay)
+    # Not SIGPIPE: we never write; the command gets its own SIGPIPE.
+    pidfd = os.pidfd_open(child)
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    for fd in {1, 2}:
+        if _is_pipe_or_socket(fd):
+            poller.register(fd, 0)  # POLLERR/POLLHUP are always reported: the reader went away
+    reader_gone = False
+    while not reader_gone:
+        events = poller.poll()  # EINTR (a relayed signal) is retried by Python itself
+        if any(fd == pidfd for fd, _ in events):
+            break
+        reader_gone = any(
+            fd in (1, 2) and revents & (select.POLLERR | select.POLLHUP) for fd, revents in events
+        )
+    status = _hang_up(child) if reader_gone else os.waitpid(child, 0)[1]
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    fatal = os.WTERMSIG(status)
+    if fatal in (signal.SIGKILL, signal.SIGSTOP):  # cannot be re-raised by handler; die the same way
+        os.kill(os.getpid(), fatal)
+    signal.signal(fatal, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    os.kill(os.getpid(), fatal)
+    return 128 + fatal
+
+
+# ----------------------------------------------------------------------------------------------------------
+# list / status / start / stop / config
+# ----------------------------------------------------------------------------------------------------------
+def cmd_list(node: ctlib.NodeState, args: list[str]) -> int:
+    _parse_options(args, {})
+    containers = node.containers()
+    if not containers:
+        return 0  # real pct prints nothing at all, not even the header
+    row = "%-10s %-10s %-12s %-20s\n"
+    out = row % ("VMID", "Status", "Lock", "Name")
+    for ct in containers:
+        config = ct.config().main
+        out += row % (ct.ctid, ct.status, config.get("lock", ""), config.get("hostname", f"CT{ct.ctid}"))
+    sys.stdout.write(out)
+    return 0
+
+
+def cmd_status(node: ctlib.NodeState, args: list[str]) -> int:
+    options, positional = _parse_options(args, {"verbose": False})
+    ct = _vmid(node, positional[0] if positional else None)
+    if options.get("verbose"):
+        config = ct.config().main
+        values = {
+            "name": config.get("hostname", f"CT{ct.ctid}"),
+            "status": ct.status,
+            "vmid": str(ct.ctid),
+            "type": "lxc",
+            "pid": str(ct.pid1 or ""),
+        }
+        for key in sorted(values):
+            if values[key]:
+                print(f"{key}: {values[key]}")
+    else:
+        print(f"status: {ct.status}")
+    return 0
+
+
+def cmd_start(node: ctlib.NodeState, args: list[str]) -> int:
+    _, positional = _parse_options(args, {"skiplock": False, "debug": False})
+    ct = _vmid(node, positional[0] if positional else None)
+    if ct.running:
+        raise PctDie(f"CT {ct.ctid} already running")
+    ct.start()
+    return 0
+
+
+def cmd_stop(node: ctlib.NodeState, args: list[str]) -> int:
+    _, positional = _parse_options(args, {"skiplock": False, "overrule-shutdown": False})
+    ct = _vmid(node, positional[0] if positional else None)
+    if not ct.running:
+        raise PctDie(f"CT {ct.ctid} not running")
+    ct.stop()
+    return 0
+
+
+def cmd_config(node: ctlib.NodeState, args: list[str]) -> int:
+    _, positional = _parse_options(args, {"current": False, "snapshot": True})
+    ct = _vmid(node, positional[0] if positional else None)
+    config = ct.config().main
+    for key in sorted(config):
+        if key not in ("parent", "digest"):
+            print(f"{key}: {config[key]}")
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# snapshots: a copy of the upper dir plus a "[name]" section in ID.conf, as PVE records them
+# ----------------------------------------------------------------------------------------------------------
+def _snapshot_args(
+    node: ctlib.NodeState, args: list[str], allowed: dict[str, bool]
+) -> tuple[ctlib.Container, str, dict[str, str]]:
+    options, positional = _parse_options(args, allowed)
+    ct = _vmid(node, positional[0] if positional else None)
+    if len(positional) < 2:
+        raise PctDie("400 not enough arguments")
+    name = positional[1]
+    if len(name) > 40 or not _SNAPNAME_RE.match(name):
+        raise PctDie(f"400 Parameter verification failed.\nsnapname: invalid configuration ID '{name}'")
+    return ct, name, options
+
+
+def cmd_snapshot(node: ctlib.NodeState, args: list[str]) -> int:
+    ct, name, options = _snapshot_args(node, args, {"description": True})
+    config = ct.config()
+    if name == "current":
+        raise PctDie("unable to use snapshot name 'current' (reserved name)")
+    if name in config.snapshots:
+        raise PctDie(f"snapshot name '{name}' already used")
+    ct.copy_upper_to(ct.snapshot_dir(name))
+    section = {key: value for key, value in config.main.items() if key != "lock"}
+    if "description" in options:
+        section["description"] = options["description"]
+    section["snaptime"] = str(int(time.time()))
+    config.snapshots[name] = section
+    config.main["parent"] = name
+    ct.save_config(config)
+    return 0
+
+
+def cmd_listsnapshot(node: ctlib.NodeState, args: list[str]) -> int:
+    _, positional = _parse_options(args, {})
+    ct = _vmid(node, positional[0] if positional else None)
+    config = ct.config()
+    entries: dict[str, dict[str, str]] = {name: dict(values) for name, values in config.snapshots.items()}
+    current = {"description": "You are here!"}
+    if "parent" in config.main:
+        current["parent"] = config.main["parent"]
+    entries["current"] = current
+    # PVE::GuestHelpers::print_snapshot_tree
+    children: dict[str, list[str]] = {}
+    roots: list[str] = []
+    for name, values in entries.items():
+        parent = values.get("parent")
+        if parent and parent in entries:
+            children.setdefault(parent, []).append(name)
+        else:
+            roots.append(name)
+
+    def by_time(name: str) -> tuple[int, int]:
+        snaptime = entries[name].get("snaptime")
+        return (1, 0) if snaptime is None else (0, int(snaptime))
+
+    out: list[str] = []
+
+    def show(prefix: str, name: str) -> None:
+        values = entries[name]
+        description = (values.get("description") or "no-description").splitlines()[-1:] or [""]
+        snaptime = values.get("snaptime")
+        timestring = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(int(snaptime))) if snaptime else ""
+        width = max(30 - len(prefix), 0)
+        out.append(f"{prefix} {name:<{width}} {timestring:<23} {description[0]}\n")
+        for child in sorted(children.get(name, []), key=by_time):
+            show(" " + prefix, child)
+
+    for root in sorted(roots, key=by_time):
+        show("`->", root)
+    sys.stdout.write("".join(out))
+    return 0
+
+
+def cmd_rollback(node: ctlib.NodeState, args: list[str]) -> int:
+    ct, name, options = _snapshot_args(node, args, {"start": True})
+    config = ct.config()
+    if name not in config.snapshots:
+        raise PctDie(f"snapshot '{name}' does not exist")
+    if ct.running:
+        ct.stop()  # PVE: __snapshot_rollback_vm_stop -> vm_stop($vmid, 1)
+    ct.restore_upper_from(ct.snapshot_dir(name))
+    restored = {
+        key: value for key, value in config.snapshots[name].items() if key not in ("snaptime", "description")
+    }
+    restored["parent"] = name
+    config.main = restored
+    ct.save_config(config)
+    if _bool_option(options.get("start"), default=False):
+        ct.start()
+    return 0
+
+
+def cmd_delsnapshot(node: ctlib.NodeState, args: list[str]) -> int:
+    ct, name, _ = _snapshot_args(node, args, {"force": True})
+    config = ct.config()
+    if name not in config.snapshots:
+        raise PctDie(f"snapshot '{name}' does not exist")
+    removed = config.snapshots.pop(name)
+    for section in (config.main, *config.snapshots.values()):
+        if section.get("parent") == name:
+            if "parent" in removed:
+                section["parent"] = removed["parent"]
+            else:
+                section.pop("parent")
+    ct.save_config(config)
+    shutil.rmtree(ct.snapshot_dir(name).parent, ignore_errors=True)
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# push / pull: run inside the CT's namespaces, so paths (and symlinks) resolve as the CT sees them
+# ----------------------------------------------------------------------------------------------------------
+_FILE_OPTIONS = {"perms": True, "user": True, "group": True}
+
+
+def _ownership_script(options: dict[str, str]) -> str:
+    script = ""
+    if "perms" in options:
+        perms = options["perms"]
+        if not re.fullmatch(r"(0x[0-9a-fA-F]+|[0-7]+)", perms):
+            raise PctDie(f"invalid mode: '{perms}'")
+        mode = int(perms, 16) if perms.startswith("0x") else int(perms, 8)
+        script += f' && chmod {mode:o} "$1"'
+    if "user" in options or "group" in options:
+        owner = options.get("user", "")
+        group = options.get("group", "")
+        if not re.fullmatch(r"[A-Za-z0-9_.-]*", owner + group):
+            raise PctDie("invalid user or group")
+        script += f' && chown {owner}{":" + group if group else ""} "$1"'
+    return script
+
+
+def cmd_push(node: ctlib.NodeState, args: list[str]) -> int:
+    options, positional = _parse_options(args, _FILE_OPTIONS)
+    ct = _vmid(node, positional[0] if positional else None)
+    if len(positional) != 3:
+        raise PctDie("400 not enough arguments")
+    source, destination = positional[1], positional[2]
+    if not ct.running:
+        raise PctDie("can only push files to a running CT")
+    try:
+        data = Path(source).read_bytes()
+    except OSError as error:
+        raise PctDie(f"failed to open {source}: {error.strerror}") from None
+    script = 'umask 022 && cat > "$1"' + _ownership_script(options)
+    result = subprocess.run(
+        ct.nsenter_argv(["/bin/sh", "-c", script, "push", destination]),
+        input=data,
+        stderr=subprocess.PIPE,
+        env={"PATH": ctlib.PVE_CLI_PATH},
+    )
+    if result.returncode != 0:
+        raise PctDie(
+            f"failed to create file: {destination}: {result.stderr.decode(errors='replace').strip()}"
+        )
+    return 0
+
+
+def cmd_pull(node: ctlib.NodeState, args: list[str]) -> int:
+    options, positional = _parse_options(args, _FILE_OPTIONS)
+    ct = _vmid(node, positional[0] if positional else None)
+    if len(positional) != 3:
+        raise PctDie("400 not enough arguments")
+    source, destination = positional[1], positional[2]
+    if not ct.running:
+        raise PctDie("can only pull files from a running VM")
+    result = subprocess.run(
+        ct.nsenter_argv(["/bin/cat", "--", source]), capture_output=True, env={"PATH": ctlib.PVE_CLI_PATH}
+    )
+    if result.returncode != 0:
+        raise PctDie(f"failed to open {source}: {result.stderr.decode(errors='replace').strip()}")
+    Path(destination).write_bytes(result.stdout)
+    fixups = _ownership_script(options)
+    if fixups:
+        subprocess.run(["/bin/sh", "-c", "true" + fixups, "pull", destination], check=True)
+    return 0
+
+
+COMMANDS = {
+    "exec": cmd_exec,
+    "list": cmd_list,
+    "status": cmd_status,
+    "start": cmd_start,
+    "stop": cmd_stop,
+    "config": cmd_config,
+    "snapshot": cmd_snapshot,
+    "listsnapshot": cmd_listsnapshot,
+    "rollback": cmd_rollback,
+    "delsnapshot": cmd_delsnapshot,
+    "push": cmd_push,
+    "pull": cmd_pull,
+}
+
+
+def main(argv: list[str]) -> int:
+    try:
+        node = ctlib.NodeState.from_env()
+        node.log_invocation(argv)
+        if not argv or argv[0] not in COMMANDS:
+            raise PctDie(f"unknown command 'pct {argv[0] if argv else ''}'".rstrip())
+        return COMMANDS[argv[0]](node, argv[1:])
+    except (PctDie, ctlib.ContainerError) as error:
+        sys.stdout.flush()
+        sys.stderr.write(f"{error}\n")
+        return EXIT_DIE
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

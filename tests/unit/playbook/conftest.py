@@ -1,0 +1,97 @@
+"""Helpers for the playbook tests: a stand-in for Fleet.map, a subprocess transport, sample facts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import pytest
+
+from fleetfix.errors import FleetfixError, TransportError
+from fleetfix.playbook.model import Playbook, parse_playbook
+from fleetfix.target import NodeRef, Target
+from fleetfix.transport.base import CommandResult, Transport
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURES = REPO / "tests" / "fixtures" / "playbooks"
+R = TypeVar("R")
+
+
+def problem_facts() -> dict[str, Any]:
+    facts: dict[str, Any] = json.loads((FIXTURES / "facts-problem-case.json").read_text())
+    return facts
+
+
+def make_target(name: str, ctid: int | None = 101, **target_vars: Any) -> Target:
+    return Target(name=name, node=NodeRef("pve1", None), ctid=ctid, vars=target_vars)
+
+
+def playbook_from(text: str, tmp_path: Path, name: str = "book.yaml") -> Playbook:
+    path = tmp_path / name
+    path.write_text(text)
+    return parse_playbook(text, str(path))
+
+
+@dataclass
+class Outcome(Generic[R]):
+    target: Target
+    status: str
+    value: R | None
+    error: FleetfixError | None
+    duration: float
+
+
+class StandInFleet:
+    """The shape of fleetfix.fleet.Fleet.map: fn per target on a thread pool, errors captured."""
+
+    def __init__(self, transports: Mapping[str, Transport], workers: int = 4) -> None:
+        self.transports = transports
+        self.workers = workers
+        self.batches: list[list[str]] = []
+
+    def map(self, targets: Sequence[Target], fn: Callable[[Target, Transport], R]) -> list[Outcome[R]]:
+        self.batches.append([target.name for target in targets])
+
+        def one(target: Target) -> Outcome[R]:
+            started = time.monotonic()
+            try:
+                value = fn(target, self.transports[target.name])
+            except TransportError as exc:
+                return Outcome(target, "unreachable", None, exc, time.monotonic() - started)
+            except FleetfixError as exc:
+                return Outcome(target, "failed", None, exc, time.monotonic() - started)
+            return Outcome(target, "ok", value, None, time.monotonic() - started)
+
+        with ThreadPoolExecutor(self.workers) as pool:
+            return list(pool.map(one, targets))
+
+
+class SubprocessTransport:
+    """Runs commands on this machine in a given directory: enough to run rendered scripts for real."""
+
+    def __init__(self, cwd: Path, label: str = "local") -> None:
+        self.cwd, self.label = cwd, label
+        self.scripts: list[str] = []
+
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+                ) -> CommandResult:
+        self.scripts.append(stdin.decode())
+        started = time.monotonic()
+        try:
+            done = subprocess.run(list(argv), input=stdin, capture_output=True, cwd=self.cwd,
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            return CommandResult(-1, "", "", time.monotonic() - started, timed_out=True)
+        return CommandResult(done.returncode, done.stdout.decode(), done.stderr.decode(),
+                             time.monotonic() - started)
+
+
+@pytest.fixture
+def facts() -> dict[str, Any]:
+    return problem_facts()

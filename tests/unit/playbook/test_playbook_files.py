@@ -1,0 +1,99 @@
+"""Every shipped playbook loads, renders against the problem-case facts, and is valid sh."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetfix.playbook.model import load_playbook
+from fleetfix.playbook.render import compile_playbook
+from fleetfix.playbook.runner import plan_target, run_target
+from fleetfix.transport.fake import FakeTransport
+from tests.unit.playbook.conftest import REPO, make_target
+
+PLAYBOOKS = sorted((REPO / "playbooks").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", PLAYBOOKS, ids=lambda p: p.name)
+def test_playbook_validates_and_renders(path: Path, facts: dict[str, Any]) -> None:
+    book = load_playbook(path)
+    plan = plan_target([compile_playbook(b) for b in book.chain()], make_target("pve1/101"), facts, {})
+    for play in plan.plays:
+        for planned in play.steps:
+            if planned.rendered is None:
+                continue
+            for phase in ("check", "apply", "verify"):
+                script = planned.rendered.script(phase)
+                if script is not None:
+                    syntax = subprocess.run(["/bin/sh", "-n"], input=script, text=True, capture_output=True,
+                                            check=False)
+                    assert syntax.returncode == 0, f"{planned.compiled.step.name} {phase}: {syntax.stderr}"
+
+
+def cuda_plan(facts: dict[str, Any], **cli_vars: Any) -> Any:
+    book = load_playbook(REPO / "playbooks" / "cuda-toolkit.yaml")
+    return plan_target([compile_playbook(book)], make_target("pve1/101"), facts, cli_vars)
+
+
+def test_cuda_toolkit_vars_from_facts(facts: dict[str, Any]) -> None:
+    plan = cuda_plan(facts)
+    found = plan.plays[0].vars
+    assert found["cuda_xy"] == "12.8" and found["cuda_pkg_suffix"] == "12-8"
+    assert found["cuda_repo_url"] == "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64"
+    assert found["cuda_packages"] == ["cuda-nvcc-12-8", "cuda-cudart-dev-12-8", "cuda-cccl-12-8"]
+    steps = {p.compiled.step.name: p.rendered for p in plan.plays[0].steps}
+    keyring = steps["cuda-keyring installed"]
+    assert keyring is not None and keyring.apply is not None
+    assert ("url=https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/"
+            "cuda-keyring_1.1-1_all.deb") in keyring.apply
+    install = steps["toolkit packages installed"]
+    assert install is not None and install.apply is not None
+    assert "export DEBIAN_FRONTEND=noninteractive\n" in install.apply
+    assert "--no-install-recommends cuda-nvcc-12-8 cuda-cudart-dev-12-8 cuda-cccl-12-8" in install.apply
+    assert "libcublas" not in install.apply
+
+
+def test_cuda_toolkit_overrides(facts: dict[str, Any]) -> None:
+    plan = cuda_plan(facts, cuda_version="12.4", install_math_libs="true",
+                     cuda_repo_base="http://127.0.0.1:8080/compute/cuda/repos/")
+    found = plan.plays[0].vars
+    assert found["cuda_repo_url"] == "http://127.0.0.1:8080/compute/cuda/repos/debian12/x86_64"
+    install = {p.compiled.step.name: p.rendered for p in plan.plays[0].steps}["toolkit packages installed"]
+    assert "cuda-nvcc-12-4" in install.apply and "libcusolver-dev-12-4" in install.apply
+    assert "cuda-nvcc-12-8" not in install.apply
+
+
+def test_cuda_toolkit_refuses_unsupported_distro_and_missing_torch(facts: dict[str, Any]) -> None:
+    facts["os"].update(id="alpine", version_id="3.20", nvidia_distro=None, nvidia_arch=None)
+    facts["torch"] = None
+    plan = cuda_plan(facts)
+    first = plan.plays[0].steps[0].rendered
+    done = subprocess.run(["/bin/sh", "-s"], input=first.check, text=True, capture_output=True, check=False)
+    assert done.returncode == 1
+    assert "NVIDIA publishes no CUDA apt repository for alpine 3.20 on x86_64" in done.stderr
+    second = plan.plays[0].steps[1].rendered
+    done = subprocess.run(["/bin/sh", "-s"], input=second.check, text=True, capture_output=True, check=False)
+    assert done.returncode == 1 and "pass --var cuda_version=X.Y" in done.stderr
+
+
+def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None:
+    # Only the check scripts are scripted: every check reports "not there", except the two assertions.
+    fake = FakeTransport()
+    fake.on("grep -Eq '^[0-9]+", stdout="CUDA 12.8\n")  # cuda version known
+    fake.on("echo NVIDIA CUDA repository", stdout="NVIDIA CUDA repository debian12/x86_64\n")
+    fake.on("found=", rc=1,
+            stdout="NVIDIA source entries besides the keyring's own: /etc/apt/sources.list.d/cuda.list\n")
+    fake.on("status=$(dpkg-query", rc=1, stdout="cuda-keyring is not installed\n")
+    fake.on("cuda-keyring's source list", rc=1, stdout="cuda-keyring's source list is not there yet\n")
+    fake.on("Candidate:", rc=1, stdout="cuda-nvcc-12-8 is not in the apt index\n")
+    fake.on("missing=", rc=1, stdout="not installed: cuda-nvcc-12-8\n")
+    fake.on("--version", rc=1, stderr="/usr/local/cuda-12.8/bin/nvcc --version failed\n")
+    run = run_target(cuda_plan(facts), fake, check=True)
+    assert [s.status for s in run.steps] == ["ok", "ok"] + ["would-change"] * 6
+    assert run.status == "would-change"
+    assert not any("apt-get" in text and "install -y" in text for text in fake.scripts)
+    assert not any("dpkg -i" in text or "apt-get -o DPkg::Lock::Timeout=600 update" in text
+                   for text in fake.scripts)

@@ -1,0 +1,376 @@
+"""Rules: the recorded cases give the right chains; every code has a case that makes it fire."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from probe_testkit import edited, facts_of, load_fixture
+
+from fleetfix.probe import Finding, NodeFacts, Severity, diagnose
+from fleetfix.probe.rules import (
+    BUILD_EXTENSIONS_PLAYBOOK,
+    CODES,
+    CUDA_TOOLKIT_PLAYBOOK,
+    DISK_ERROR_MB,
+    DISK_WARNING_MB,
+    QWEN_FAST_PATH_WARNING,
+)
+
+NVIDIA = "https://developer.download.nvidia.com/compute/cuda/repos"
+Edit = Callable[[dict[str, Any]], None]
+
+
+def problems(findings: list[Finding]) -> list[str]:
+    """Codes of the findings that need action (error or warning), in order."""
+    return [f.code for f in findings if f.severity is not Severity.INFO]
+
+
+def only(findings: list[Finding], code: str) -> Finding:
+    matching = [f for f in findings if f.code == code]
+    assert len(matching) == 1, [f.code for f in findings]
+    return matching[0]
+
+
+# ---------------------------------------------------------------- the recorded cases
+
+
+def test_problem_case_gives_the_chain_with_fixes() -> None:
+    findings = diagnose(facts_of(load_fixture("problem_case")))
+    assert [f.code for f in findings] == [
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING"]
+    runtime, repo, missing = findings
+    assert (runtime.severity, runtime.fix.playbook, runtime.fix.vars) == (
+        Severity.ERROR, CUDA_TOOLKIT_PLAYBOOK, {"cuda_version": "12.8"})
+    assert runtime.evidence["torch_version"] == "2.11.0+cu128"
+    assert "Unable to locate package cuda-nvcc-12-8" in repo.summary
+    assert (repo.fix.playbook, repo.fix.vars) == (CUDA_TOOLKIT_PLAYBOOK, {"cuda_version": "12.8"})
+    assert "debian12/x86_64" in repo.fix.hint
+    assert missing.evidence["extension"] == "causal_conv1d"
+    assert "GatedDeltaNet" in missing.summary and "torch implementation" in missing.summary
+    assert QWEN_FAST_PATH_WARNING in missing.evidence["fallback"]
+    assert (missing.fix.playbook, missing.fix.vars) == (
+        BUILD_EXTENSIONS_PLAYBOOK,
+        {"extensions": ["causal_conv1d"], "python": "python3", "cuda_version": "12.8"})
+
+
+def test_healthy_container_has_no_findings() -> None:
+    assert diagnose(facts_of(load_fixture("healthy"))) == []
+
+
+def test_cuda_12_4_toolkit_gives_minor_mismatch_only() -> None:
+    findings = diagnose(facts_of(load_fixture("toolkit_12_4")))
+    assert problems(findings) == ["CUDA_TOOLKIT_MINOR_MISMATCH"]
+    assert findings[0].severity is Severity.WARNING
+    assert findings[0].evidence["nvcc_versions"] == ["12.4"]
+    assert findings[0].fix.vars == {"cuda_version": "12.8"}
+
+
+def test_cuda_13_toolkit_against_cu128_is_a_major_mismatch() -> None:
+    findings = diagnose(facts_of(load_fixture("toolkit_13_vs_cu128")))
+    assert problems(findings) == ["CUDA_TOOLKIT_MAJOR_MISMATCH"]
+    assert findings[0].severity is Severity.ERROR
+
+
+def test_this_machine_without_torch_has_nothing_to_fix() -> None:
+    assert problems(diagnose(facts_of(load_fixture("local_debian12_nvcc13")))) == []
+
+
+def test_apt_trouble_chain() -> None:
+    findings = diagnose(facts_of(load_fixture("apt_trouble")))
+    assert problems(findings) == [
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "DPKG_INTERRUPTED", "DPKG_LOCK_HELD", "APT_SIGNED_BY_CONFLICT",
+        "APT_NVIDIA_KEY_MISSING", "APT_NVIDIA_ML_REPO", "APT_OLD_NVIDIA_KEY", "EXTENSION_MISSING"]
+    conflict = only(findings, "APT_SIGNED_BY_CONFLICT")
+    assert "/etc/apt/sources.list:52" in conflict.fix.hint
+
+
+def test_findings_are_json_serialisable() -> None:
+    for name in ("problem_case", "apt_trouble", "debian13_sqv"):
+        for finding in diagnose(facts_of(load_fixture(name))):
+            assert Finding.model_validate_json(finding.model_dump_json()) == finding
+
+
+# ---------------------------------------------------------------- one case per code
+
+
+def set_in(path: str, value: Any) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node = data
+        for part in parents:
+            node = node[int(part)] if isinstance(node, list) else node[part]
+        node[last] = value
+    return edit
+
+
+def chain(*edits: Edit) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        for one in edits:
+            one(data)
+    return edit
+
+
+def toolkit(version: str, patch: str = "0") -> dict[str, Any]:
+    return {"path": f"/usr/local/cuda-{version}", "version": version,
+            "nvcc": f"/usr/local/cuda-{version}/bin/nvcc", "release": f"V{version}.{patch}"}
+
+
+def nvidia_list(file: str, uri: str, signed_by: str | None, line: int = 1) -> dict[str, Any]:
+    return {"file": file, "line": line, "format": "list", "types": "deb", "uri": uri, "suite": "/",
+            "components": "", "signed_by": signed_by, "enabled": True}
+
+
+def ext(present: bool, compiled: bool | None = None, importable: bool | None = None,
+        error: str | None = None, module: str | None = None) -> dict[str, Any]:
+    return {"present": present, "version": "1.0" if present else None, "compiled_module": module,
+            "compiled_present": compiled, "importable": importable, "error": error}
+
+
+@dataclass(frozen=True)
+class Case:
+    fixture: str
+    edit: Edit
+    severity: Severity
+    node: NodeFacts | None = None
+    evidence: tuple[str, Any] | None = None   # one evidence key the rule must report, and its value
+
+
+NO_EDIT: Edit = chain()
+KEYRING_SB = "/usr/share/keyrings/cuda-archive-keyring.gpg"
+
+CASES: dict[str, Case] = {
+    "DRIVER_LIBS_MISMATCH": Case(
+        "healthy", NO_EDIT, Severity.ERROR,
+        node=NodeFacts(hostname="pve1", kernel_module_version="570.133.07"),
+        evidence=("host_kernel_module", "570.133.07")),
+    "DRIVER_TOO_OLD": Case(
+        "healthy", set_in("gpu.driver_version", "515.105.01"), Severity.ERROR,
+        evidence=("minimum_driver", "525")),
+    "DRIVER_BELOW_FULL_FEATURE": Case(
+        "healthy", chain(set_in("gpu.driver_version", "550.135"),
+                         set_in("gpu.driver_libs", [{"file": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.135",
+                                                     "version": "550.135"}])),
+        Severity.WARNING, evidence=("full_feature_driver", "570.26")),
+    "GPU_NOT_VISIBLE": Case("healthy", set_in("gpu.devices", []), Severity.INFO),
+    "CUDA_RUNTIME_WITHOUT_TOOLKIT": Case(
+        "problem_case", NO_EDIT, Severity.ERROR, evidence=("torch_cuda", "12.8")),
+    "CUDA_TOOLKIT_MAJOR_MISMATCH": Case(
+        "healthy", set_in("cuda.toolkits", [toolkit("13.0", "88")]), Severity.ERROR,
+        evidence=("nvcc_versions", ["13.0"])),
+    "CUDA_TOOLKIT_MINOR_MISMATCH": Case(
+        "healthy", set_in("cuda.toolkits", [toolkit("12.9", "86")]), Severity.WARNING,
+        evidence=("nvcc_versions", ["12.9"])),
+    "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT": Case(
+        "healthy", chain(set_in("pythons.0.torch.cuda", "12.4"),
+                         set_in("pythons.0.torch.version", "2.5.1+cu124"),
+                         set_in("cuda.toolkits", [toolkit("12.4", "131")]),
+                         set_in("gpu.names", ["NVIDIA GeForce RTX 5090"]),
+                         set_in("gpu.compute_caps", ["12.0"])),
+        Severity.ERROR, evidence=("minimum_nvcc", "12.8")),
+    "CUDA_DEFAULT_LINK_MISMATCH": Case(
+        "healthy", chain(set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
+                         set_in("cuda.default_link", "/usr/local/cuda-13.0")),
+        Severity.WARNING, evidence=("linked_version", "13.0")),
+    "DISTRO_NVCC_ON_PATH": Case(
+        "healthy",
+        set_in("cuda.distro_nvcc", {"path": "/usr/bin/nvcc", "version": "12.0", "release": "V12.0.140"}),
+        Severity.WARNING),
+    "DPKG_INTERRUPTED": Case(
+        "healthy", chain(set_in("dpkg.interrupted", True), set_in("dpkg.pending_updates", 3)), Severity.ERROR,
+        evidence=("pending_updates", 3)),
+    "DPKG_LOCK_HELD": Case(
+        "healthy", set_in("dpkg.lock_holders", [{"lock": "/var/lib/dpkg/lock-frontend", "pid": 1719,
+                                                 "command": "unattended-upgr"}]), Severity.WARNING),
+    "DISK_LOW": Case(
+        "problem_case", set_in("build.disk_free_mb", {"/": 1500, "/var/cache/apt": 1500, "/usr/local": 1500}),
+        Severity.ERROR, evidence=("error_below_mb", DISK_ERROR_MB)),
+    "UNSUPPORTED_DISTRO": Case(
+        "problem_case", chain(set_in("os.id", "ubuntu"), set_in("os.version_id", "23.10")), Severity.ERROR,
+        evidence=("nvidia_distro", None)),
+    "NVIDIA_REPO_NOT_CONFIGURED": Case(
+        "problem_case", NO_EDIT, Severity.ERROR, evidence=("nvidia_distro", "debian12")),
+    "APT_SIGNED_BY_CONFLICT": Case(
+        "healthy", set_in("apt.nvidia_sources", [
+            nvidia_list("/etc/apt/sources.list.d/cuda-debian12-x86_64.list", f"{NVIDIA}/debian12/x86_64/",
+                        KEYRING_SB),
+            nvidia_list("/etc/apt/sources.list", f"{NVIDIA}/debian12/x86_64", None, line=7)]),
+        Severity.ERROR, evidence=("uri", f"{NVIDIA}/debian12/x86_64")),
+    "APT_DUPLICATE_SOURCE": Case(
+        "healthy", set_in("apt.nvidia_sources", [
+            nvidia_list("/etc/apt/sources.list.d/cuda-debian12-x86_64.list", f"{NVIDIA}/debian12/x86_64/",
+                        KEYRING_SB),
+            nvidia_list("/etc/apt/sources.list.d/cuda.list", f"{NVIDIA}/debian12/x86_64/", KEYRING_SB)]),
+        Severity.WARNING),
+    "APT_NVIDIA_KEY_MISSING": Case(
+        "healthy", chain(
+            set_in("apt.nvidia_sources", [nvidia_list("/etc/apt/sources.list.d/cuda.list",
+                                                      f"{NVIDIA}/debian12/x86_64/", None)]),
+            set_in("apt.nvidia_keys", [{"key": "7fa2af80", "file": "/etc/apt/trusted.gpg"}])),
+        Severity.ERROR, evidence=("trusted_nvidia_keys", ["7fa2af80"])),
+    "APT_NVIDIA_ML_REPO": Case(
+        "healthy", lambda d: d["apt"]["nvidia_sources"].append(nvidia_list(
+            "/etc/apt/sources.list.d/nvidia-ml.list",
+            "https://developer.download.nvidia.com/compute/machine-learning/repos/ubuntu1804/x86_64", None)),
+        Severity.ERROR),
+    "APT_OLD_NVIDIA_KEY": Case(
+        "healthy",
+        lambda d: d["apt"]["nvidia_keys"].append({"key": "7fa2af80", "file": "/etc/apt/trusted.gpg"}),
+        Severity.WARNING),
+    "APT_SHA1_KEY_REJECTED": Case(
+        "debian13_sqv", NO_EDIT, Severity.ERROR, evidence=("repos", ["debian12"])),
+    "EXTENSION_NOT_BUILT": Case(
+        "healthy", set_in("pythons.0.extensions.causal_conv1d",
+                          ext(True, compiled=False, module="causal_conv1d_cuda")),
+        Severity.ERROR, evidence=("extension", "causal_conv1d")),
+    "EXTENSION_IMPORT_FAILED": Case(
+        "healthy", set_in("pythons.0.extensions.causal_conv1d", ext(
+            True, compiled=True, importable=False, module="causal_conv1d_cuda",
+            error="ImportError: causal_conv1d_cuda.so: undefined symbol: "
+                  "_ZN3c105ErrorC2ENS_14SourceLocationESs")),
+        Severity.ERROR, evidence=("importable", False)),
+    "EXTENSION_MISSING": Case(
+        "problem_case", NO_EDIT, Severity.WARNING, evidence=("extension", "causal_conv1d")),
+    "PYTHON_NOT_FOUND": Case("no_python", NO_EDIT, Severity.INFO, evidence=("interpreter", "python3")),
+    "PYTHON_PROBE_FAILED": Case(
+        "healthy", lambda d: d["pythons"].append({"interpreter": "python", "found": True,
+                                                  "executable": "/usr/bin/python",
+                                                  "error": "interpreter ran but printed no probe result"}),
+        Severity.WARNING),
+    "TORCH_NOT_FOUND": Case("local_debian12_nvcc13", NO_EDIT, Severity.INFO),
+    "TORCH_CPU_ONLY": Case(
+        "healthy",
+        chain(set_in("pythons.0.torch.cuda", None), set_in("pythons.0.torch.version", "2.11.0+cpu")),
+        Severity.INFO),
+}
+
+
+def test_every_code_has_a_case() -> None:
+    assert set(CASES) == set(CODES)
+
+
+@pytest.mark.parametrize("code", list(CASES))
+def test_rule_fires(code: str) -> None:
+    case = CASES[code]
+    findings = diagnose(edited(case.fixture, case.edit), case.node)
+    finding = only(findings, code)
+    assert finding.severity is case.severity
+    assert finding.summary and "\n" not in finding.summary
+    assert finding.fix.hint
+    if case.evidence:
+        key, value = case.evidence
+        assert finding.evidence[key] == value
+    if finding.fix.playbook:
+        assert finding.fix.playbook in (CUDA_TOOLKIT_PLAYBOOK, BUILD_EXTENSIONS_PLAYBOOK)
+
+
+@pytest.mark.parametrize("code", [c for c, case in CASES.items() if case.fixture == "healthy"])
+def test_rule_is_quiet_on_the_healthy_baseline(code: str) -> None:
+    # The same fixture without the edit: proves it is the edit that made the rule fire.
+    assert code not in [f.code for f in diagnose(facts_of(load_fixture("healthy")))]
+
+
+# ---------------------------------------------------------------- rule details
+
+
+def test_findings_come_in_chain_order() -> None:
+    findings = diagnose(edited("apt_trouble", set_in("gpu.driver_version", "510.47.03")))
+    order = [CODES.index(f.code) for f in findings]
+    assert order == sorted(order)
+    assert findings[0].code == "DRIVER_TOO_OLD"   # the host driver comes before everything in the CT
+
+
+def test_driver_rules_prefer_the_node_kernel_module() -> None:
+    node = NodeFacts(kernel_module_version="550.135")
+    finding = only(diagnose(facts_of(load_fixture("healthy")), node), "DRIVER_BELOW_FULL_FEATURE")
+    assert finding.evidence["driver_source"].startswith("node kernel module")
+
+
+def test_new_driver_is_fine_for_cuda_12() -> None:
+    # 580 is past 12.x's minor-compat range, but backward compatibility still runs it.
+    findings = diagnose(edited("healthy", chain(
+        set_in("gpu.driver_version", "580.95.05"),
+        set_in("gpu.driver_libs", [{"file": "/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05",
+                                    "version": "580.95.05"}]))))
+    assert findings == []
+
+
+def test_cuda_13_needs_driver_580() -> None:
+    findings = diagnose(edited("toolkit_13_vs_cu128", chain(
+        set_in("pythons.0.torch.cuda", "13.0"), set_in("pythons.0.torch.version", "2.14.1+cu130"))))
+    assert only(findings, "DRIVER_TOO_OLD").evidence["minimum_driver"] == "580"
+
+
+def test_cuda_13_cannot_build_for_volta() -> None:
+    findings = diagnose(edited("toolkit_13_vs_cu128", chain(
+        set_in("pythons.0.torch.cuda", "13.0"), set_in("gpu.driver_version", "580.95.05"),
+        set_in("gpu.driver_libs", []), set_in("gpu.compute_caps", ["7.0"]))))
+    assert only(findings, "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT").evidence["compute_cap"] == "7.0"
+
+
+def test_nvml_mismatch_message_alone_is_enough() -> None:
+    findings = diagnose(edited("healthy", chain(
+        set_in("gpu.driver_version", None),
+        set_in("gpu.smi_error", "Failed to initialize NVML: Driver/library version mismatch"))))
+    assert only(findings, "DRIVER_LIBS_MISMATCH").severity is Severity.ERROR
+
+
+def test_pip_nvcc_counts_as_a_toolkit() -> None:
+    facts = edited("problem_case", set_in("pythons.0.pip_nvcc", [
+        {"path": "/usr/local/lib/python3.11/dist-packages/nvidia/cuda_nvcc/bin/nvcc", "version": "12.8",
+         "release": "V12.8.93"}]))
+    codes = [f.code for f in diagnose(facts)]
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" not in codes
+
+
+def test_repo_finding_only_when_an_install_is_needed() -> None:
+    assert "NVIDIA_REPO_NOT_CONFIGURED" not in [
+        f.code for f in diagnose(edited("healthy", set_in("apt.nvidia_sources", [])))]
+
+
+def test_unsupported_distro_replaces_the_repo_finding() -> None:
+    findings = diagnose(edited("problem_case", set_in("os.machine", "ppc64le")))
+    codes = [f.code for f in findings]
+    assert "UNSUPPORTED_DISTRO" in codes and "NVIDIA_REPO_NOT_CONFIGURED" not in codes
+
+
+def test_disk_warning_band_and_quiet_when_nothing_to_install() -> None:
+    low = {"/": DISK_WARNING_MB - 1, "/var/cache/apt": DISK_WARNING_MB - 1, "/usr/local": DISK_WARNING_MB - 1}
+    assert only(diagnose(edited("problem_case", set_in("build.disk_free_mb", low))),
+                "DISK_LOW").severity is Severity.WARNING
+    assert diagnose(edited("healthy", set_in("build.disk_free_mb", {"/": 100}))) == []
+
+
+def test_sha1_rule_quiet_for_the_debian13_repo() -> None:
+    def use_debian13_repo(data: dict[str, Any]) -> None:
+        data["apt"]["nvidia_sources"][0]["uri"] = f"{NVIDIA}/debian13/x86_64/"
+    codes = [f.code for f in diagnose(edited("debian13_sqv", use_debian13_repo))]
+    assert "APT_SHA1_KEY_REJECTED" not in codes
+
+
+def test_sha1_rule_predicts_before_the_repo_is_added() -> None:
+    # Ubuntu with apt 3 and no repo yet: installing cuda-keyring for ubuntu2404 would hit sqv.
+    findings = diagnose(edited("problem_case", chain(
+        set_in("os.id", "ubuntu"), set_in("os.version_id", "24.04"), set_in("apt.version", "3.0.0"))))
+    assert only(findings, "APT_SHA1_KEY_REJECTED").evidence["repos"] == ["ubuntu2404"]
+
+
+def test_fla_missing_when_causal_conv1d_present() -> None:
+    def swap(data: dict[str, Any]) -> None:
+        exts = data["pythons"][0]["extensions"]
+        exts["fla"] = ext(False)
+        exts["causal_conv1d"] = ext(True, compiled=True, module="causal_conv1d_cuda")
+    finding = only(diagnose(edited("problem_case", swap)), "EXTENSION_MISSING")
+    assert finding.evidence["extension"] == "fla"
+
+
+def test_absent_extension_with_no_partner_is_not_a_finding_unless_required() -> None:
+    def none_installed(data: dict[str, Any]) -> None:
+        for name in data["pythons"][0]["extensions"]:
+            data["pythons"][0]["extensions"][name] = ext(False)
+    facts = edited("healthy", none_installed)
+    assert diagnose(facts) == []
+    required = diagnose(facts, required_extensions=["flash_attn"])
+    assert [(f.code, f.evidence["extension"]) for f in required] == [("EXTENSION_MISSING", "flash_attn")]

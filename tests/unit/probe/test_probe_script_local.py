@@ -1,0 +1,116 @@
+"""The real probe.sh on THIS machine, under real shells, the way a transport runs it (script on stdin)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+from probe_testkit import PCT_PATH, FakeBin, probe_facts, run_probe
+
+from fleetfix.probe import build_probe_script, parse_facts
+from fleetfix.probe.script import probe_script_body
+
+REAL_NVCC = Path("/usr/local/cuda-13.0/bin/nvcc")
+SHELLS = [s for s in ("sh", "dash", "bash") if shutil.which(s)]
+needs_real_nvcc = pytest.mark.skipif(not REAL_NVCC.exists(), reason="no /usr/local/cuda-13.0 here")
+
+
+@needs_real_nvcc
+@pytest.mark.parametrize("shell", SHELLS)
+def test_reports_the_real_cuda_13_toolkit(shell: str) -> None:
+    done = run_probe(build_probe_script(), shell=shell)
+    assert done.returncode == 0
+    assert done.stderr == ""
+    facts = parse_facts(done.stdout)
+    toolkit = facts.cuda.toolkit_at("/usr/local/cuda-13.0")
+    assert toolkit is not None
+    assert (toolkit.version, toolkit.nvcc) == ("13.0", str(REAL_NVCC))
+    assert toolkit.release is not None and toolkit.release.startswith("V13.0.")
+    assert facts.cuda.default_link == "/usr/local/cuda-13.0"
+
+
+def test_one_json_document_and_real_os_facts() -> None:
+    done = run_probe(build_probe_script())
+    assert done.stdout.count("\n") == 1     # exactly one line: one document
+    data = json.loads(done.stdout)
+    os_release = dict(
+        line.split("=", 1) for line in Path("/etc/os-release").read_text().splitlines() if "=" in line
+    )
+    assert data["os"]["id"] == os_release["ID"].strip('"')
+    assert data["os"]["version_id"] == os_release["VERSION_ID"].strip('"')
+    assert data["build"]["cpus"] >= 1
+    assert data["build"]["disk_free_mb"]["/"] > 0
+
+
+@needs_real_nvcc
+def test_works_with_pcts_forced_path() -> None:
+    facts = probe_facts(build_probe_script(), path=PCT_PATH)
+    # Found by its full path even though /usr/local/cuda-13.0/bin is not on pct's PATH...
+    assert [t.version for t in facts.cuda.toolkits] == ["13.0"]
+    # ...while "nvcc on PATH" honestly reports what that PATH finds.
+    assert facts.cuda.nvcc_on_path is None
+    assert facts.pythons[0].found and facts.pythons[0].executable is not None
+
+
+def test_python_less_target_still_gives_valid_json(fakebin: FakeBin) -> None:
+    assert not list(fakebin.path.glob("python*"))
+    facts = probe_facts(build_probe_script(), path=str(fakebin.path), hermetic=True)
+    assert [(p.interpreter, p.found) for p in facts.pythons] == [("python3", False)]
+    assert facts.torch is None
+    assert facts.os.id is not None      # everything else is still gathered by sh alone
+    assert facts.dpkg.present is False  # no dpkg on that PATH: a fact, not an error
+
+
+def test_missing_interpreter_is_a_fact_and_others_still_run() -> None:
+    facts = probe_facts(build_probe_script(["/nonexistent/python3", "python3"]), path=PCT_PATH)
+    assert [(p.interpreter, p.found) for p in facts.pythons] == [
+        ("/nonexistent/python3", False), ("python3", True)]
+
+
+def test_hostile_interpreter_names_are_data_not_code(tmp_path: Path) -> None:
+    canary = tmp_path / "pwned"
+    hostile = [f"py'; touch {canary}; '", f"$(touch {canary})", f"`touch {canary}`", 'a"b\\c']
+    facts = probe_facts(build_probe_script(hostile))
+    assert [p.interpreter for p in facts.pythons] == hostile
+    assert not any(p.found for p in facts.pythons)
+    assert not canary.exists()
+
+
+def test_empty_python_list_means_none_inspected() -> None:
+    assert probe_facts(build_probe_script([])).pythons == []
+
+
+def test_unparameterised_body_defaults_to_python3() -> None:
+    facts = probe_facts(probe_script_body(), path=PCT_PATH)
+    assert [p.interpreter for p in facts.pythons] == ["python3"]
+
+
+def test_children_cannot_eat_the_script_from_stdin(fakebin: FakeBin) -> None:
+    # sh -s reads the script from the same pipe children would inherit; a greedy child (here a
+    # fake nvidia-smi) must not swallow the rest of it.
+    fakebin.script("nvidia-smi", "cat >/dev/null\necho '570.124.06, NVIDIA H200, 9.0'\n")
+    facts = probe_facts(build_probe_script([]), path=str(fakebin.path), hermetic=True)
+    assert facts.gpu.driver_version == "570.124.06"
+    assert facts.build.cpus is not None   # gathered after the greedy child ran
+
+
+def test_leaves_no_files_behind(tmp_path: Path) -> None:
+    work = tmp_path / "cwd"
+    work.mkdir()
+    done = run_probe(build_probe_script(), env={"HOME": str(work), "TMPDIR": str(work)})
+    assert done.returncode == 0
+    assert list(work.iterdir()) == []
+
+
+def test_fast_without_deep() -> None:
+    script = build_probe_script()
+    durations = []
+    for _ in range(3):
+        started = time.perf_counter()
+        assert run_probe(script, path=PCT_PATH).returncode == 0
+        durations.append(time.perf_counter() - started)
+    assert statistics.median(durations) < 1.0, durations
