@@ -13,7 +13,8 @@
     │   │   └── ChangedHostKeyError     entry differs: possible man-in-the-middle, never accepted
     │   ├── ContainerError              CT stopped or not on that node
     │   ├── ConnectionLostError         the link dropped mid-command
-    │   └── CommandTimeoutError         a command ran past its timeout (channel closed)
+    │   ├── CommandTimeoutError         a command ran past its timeout (channel closed)
+    │   └── DiscoveryError              a Proxmox source could not be listed (API/TLS/token/pvesh)
     ├── CommandFailedError (1)          result.check() on a non-zero exit
     └── ProbeOutputError (4)            a target's probe printed something that is not the probe's JSON
 
@@ -108,3 +109,7 @@ class CommandFailedError(FleetfixError):
 
 class ProbeOutputError(FleetfixError):
     exit_code: ClassVar[int] = 4
+
+
+class DiscoveryError(TransportError):
+    """A Proxmox source (API or `pvesh` over SSH) could not be listed. Never carries the token secret."""

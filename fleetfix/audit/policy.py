@@ -29,6 +29,8 @@ from fleetfix.audit.model import TargetResult
 from fleetfix.errors import ConfigError
 from fleetfix.probe import Finding, Severity
 from fleetfix.probe.rules import CODES
+from fleetfix.probing import TargetReport
+from fleetfix.target import Target
 from fleetfix.yamlsource import load_yaml, validate
 
 Level = Literal["error", "warning", "info", "ignore"]
@@ -117,12 +119,9 @@ def load_policy(path: str | Path | None) -> Policy:
     return policy.model_copy(update={"source": str(path)})
 
 
-def with_required_extensions(policy: Policy, target: object) -> object:
+def with_required_extensions(policy: Policy, target: Target) -> Target:
     """The target with the policy's required extensions added to its `required_extensions` var, which
     the probe's diagnosis reads (so EXTENSION_MISSING is raised where the policy wants the extension)."""
-    from fleetfix.target import Target
-
-    assert isinstance(target, Target)
     wanted = policy.extensions_for(target.groups, target.tags, target.name)
     if not wanted:
         return target
@@ -147,11 +146,8 @@ def apply_levels(findings: list[Finding] | tuple[Finding, ...], levels: dict[str
     return tuple(kept), tuple(dict.fromkeys(ignored))
 
 
-def evaluate(policy: Policy, report: object) -> TargetResult:
+def evaluate(policy: Policy, report: TargetReport) -> TargetResult:
     """A probing.TargetReport judged by the policy: the TargetResult that is recorded and reported."""
-    from fleetfix.probing import TargetReport
-
-    assert isinstance(report, TargetReport)
     target = report.target
     findings, ignored = apply_levels(
         report.findings, policy.levels_for(target.groups, target.tags, target.name)

@@ -168,13 +168,14 @@ class _Context:
         return _Context(self.facts, self.node, self.required, self.torch_cudas, planned)
 
     def nvccs(self, env: PythonEnv | None = None) -> list[Nvcc]:
-        """Every nvcc the target has: versioned toolkits, PATH, /usr/bin, pip wheels."""
+        """Every working nvcc the target has: versioned toolkits, PATH, /usr/bin, pip wheels. An nvcc that
+        prints no version (a dangling wrapper, a broken install) cannot build anything, so it is no toolkit."""
         cuda = self.facts.cuda
         found = [Nvcc(path=t.nvcc, version=t.version, release=t.release) for t in cuda.toolkits if t.nvcc]
         found += [n for n in (cuda.nvcc_on_path, cuda.distro_nvcc) if n is not None]
         envs = [env] if env else self.facts.pythons
         found += [n for e in envs for n in e.pip_nvcc]
-        return found
+        return [n for n in found if n.version]
 
     def toolkit_needed(self) -> list[str]:
         """torch CUDA versions with no exactly matching nvcc (what the cuda-toolkit playbook installs)."""

@@ -49,6 +49,7 @@ _ROOTFS_TOP = frozenset({
 # Host files a fresh container must not inherit (globs, relative to /). Hidden with whiteouts.
 _HIDDEN_GLOBS = (
     "usr/local/cuda*",
+    "usr/local/bin/nvcc",  # this machine's wrapper into /usr/local/cuda-13.0
     "etc/ld.so.conf.d/*cuda*",
     "etc/apt/preferences.d/*cuda*",
     "etc/apt/trusted.gpg.d/*cuda*",

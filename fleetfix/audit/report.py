@@ -1,0 +1,278 @@
+"""Audit reports, as data or text: terminal, JSON, HTML, JUnit XML, Prometheus textfile.
+
+Nothing here prints; the CLI does. Every report puts drift first: what changed since the baseline is
+what a person reading a nightly report needs before the full list.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from fleetfix.audit import AuditRun
+from fleetfix.audit.drift import Drift
+from fleetfix.audit.model import HEALTH_ORDER, TargetResult
+from fleetfix.probe import Finding
+from fleetfix.probe.rules import CODES
+
+SEVERITIES = ("error", "warning", "info")
+
+
+def health_counts(run: AuditRun) -> dict[str, int]:
+    """Targets per health, every health listed (zeros included), in HEALTH_ORDER."""
+    counts = dict.fromkeys(HEALTH_ORDER, 0)
+    for result in run.targets:
+        counts[result.health] = counts.get(result.health, 0) + 1
+    return counts
+
+
+def fix_text(finding: Finding) -> str:
+    parts = []
+    if finding.fix.playbook:
+        extra = " ".join(f"--var {key}={value}" for key, value in finding.fix.vars.items())
+        parts.append(f"fleetfix apply {finding.fix.playbook}" + (f" {extra}" if extra else ""))
+    parts.append(finding.fix.hint)
+    return " — ".join(parts)
+
+
+def _when(epoch: float | None) -> str:
+    return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(epoch))
+
+
+# ---------------------------------------------------------------- terminal
+
+
+def drift_lines(drift: Drift) -> list[str]:
+    if drift.baseline is None:
+        return ["drift: no earlier complete run to compare with"]
+    if drift.empty:
+        return [f"drift since run {drift.baseline}: none"]
+    lines = [f"drift since run {drift.baseline}:"]
+    lines += [f"  + NEW       {c.target}: {c.finding.severity.value.upper()} {c.finding.code}: "
+              f"{c.finding.summary}" for c in drift.new_findings]
+    lines += [f"  - RESOLVED  {c.target}: {c.finding.code}" for c in drift.resolved_findings]
+    lines += [f"  ~ SEVERITY  {c.target}: {c.finding.code} {c.previous_severity} -> "
+              f"{c.finding.severity.value}" for c in drift.severity_changed]
+    lines += [f"  ! UNREACHABLE {name}" for name in drift.became_unreachable]
+    lines += [f"  * RECOVERED {name}" for name in drift.recovered]
+    lines += [f"  > APPEARED  {name}" for name in drift.appeared]
+    lines += [f"  < VANISHED  {name}" for name in drift.vanished]
+    return lines
+
+
+def text_report(run: AuditRun, *, verbose: bool = False) -> str:
+    """The terminal summary: drift, then one line per target, then the findings that need action."""
+    info = run.info
+    lines = [f"audit run {info.id} ({info.status}) started {_when(info.started)}"
+             + (f", {info.duration:.1f}s" if info.duration is not None else "")]
+    lines += drift_lines(run.drift)
+    lines.append("")
+    width = max((len(result.target) for result in run.targets), default=6)
+    for result in run.targets:
+        codes = ", ".join(f.code for f in result.findings) or (result.error or "-")
+        lines.append(f"{result.target:<{width}}  {result.health:<11}  {codes}")
+    for result in run.targets:
+        shown = [f for f in result.findings if verbose or f.severity.value != "info"]
+        if not shown:
+            continue
+        lines.append("")
+        lines.append(f"== {result.target}")
+        for finding in shown:
+            lines.append(f"   {finding.severity.value.upper():<7} {finding.code}: {finding.summary}")
+            lines.append(f"           fix: {fix_text(finding)}")
+    counts = ", ".join(f"{n} {health}" for health, n in health_counts(run).items() if n)
+    lines += ["", f"{len(run.targets)} target(s): {counts or 'none'}"]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- JSON
+
+
+def json_report(run: AuditRun) -> dict[str, Any]:
+    return {
+        "run": run.info.to_json(),
+        "drift": run.drift.to_json(),
+        "summary": health_counts(run),
+        "exit_code": run.exit_code,
+        "targets": [result.to_json() for result in run.targets],
+    }
+
+
+# ---------------------------------------------------------------- HTML
+
+
+def _environment() -> jinja2.Environment:
+    template_dir = resources.files("fleetfix.audit") / "templates"
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir)),
+        autoescape=True,  # every value comes from targets (names, error text, evidence): escape it all
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+def html_report(run: AuditRun) -> str:
+    template = _environment().get_template("report.html.j2")
+    return template.render(
+        run=run, info=run.info, drift=run.drift, counts=health_counts(run), when=_when,
+        fix_text=fix_text, severity_rank={s: i for i, s in enumerate(HEALTH_ORDER)},
+    )
+
+
+# ---------------------------------------------------------------- JUnit XML
+
+
+def junit_report(run: AuditRun) -> str:
+    """One <testsuite> per target; in it a `reachable` testcase and one testcase per finding code.
+    An error-severity finding is a <failure>, a warning passes with the finding in <system-out>, a code
+    the policy ignored is <skipped>; an unreachable target fails `reachable` and skips the checks."""
+    root = ET.Element("testsuites", name="fleetfix audit", timestamp=_iso(run.info.started))
+    totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+    for result in run.targets:
+        suite = ET.SubElement(root, "testsuite", name=result.target, hostname=result.node)
+        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
+        reach = _testcase(suite, result, "reachable", counts)
+        reach.set("time", f"{result.duration:.3f}")
+        if not result.reachable:
+            ET.SubElement(reach, "error", message=result.error or result.status, type=result.status)
+            counts["errors"] += 1
+        for code in CODES:
+            case = _testcase(suite, result, code, counts)
+            found = [f for f in result.findings if f.code == code]
+            if not result.reachable:
+                ET.SubElement(case, "skipped", message=f"target {result.status}")
+                counts["skipped"] += 1
+            elif code in result.ignored and not found:
+                ET.SubElement(case, "skipped", message="ignored by policy")
+                counts["skipped"] += 1
+            elif any(f.severity.value == "error" for f in found):
+                errors = [f for f in found if f.severity.value == "error"]
+                failure = ET.SubElement(case, "failure", message=errors[0].summary, type=code)
+                failure.text = "\n\n".join(_finding_text(f) for f in errors)
+                counts["failures"] += 1
+            elif found:
+                ET.SubElement(case, "system-out").text = "\n\n".join(_finding_text(f) for f in found)
+        for key, value in counts.items():
+            suite.set(key, str(value))
+            totals[key] += value
+    for key, value in totals.items():
+        root.set(key, str(value))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _testcase(suite: ET.Element, result: TargetResult, name: str, counts: dict[str, int]) -> ET.Element:
+    counts["tests"] += 1
+    return ET.SubElement(suite, "testcase", classname=f"fleetfix.audit.{result.target}", name=name)
+
+
+def _finding_text(finding: Finding) -> str:
+    return f"{finding.severity.value.upper()} {finding.code}: {finding.summary}\nfix: {fix_text(finding)}"
+
+
+def _iso(epoch: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(epoch))
+
+
+# ---------------------------------------------------------------- Prometheus textfile
+
+
+def _label_value(value: str) -> str:
+    # The exposition format escapes exactly these three in label values.
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(**labels: str) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{key}="{_label_value(value)}"' for key, value in labels.items()) + "}"
+
+
+def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    return repr(float(value)) if not float(value).is_integer() else str(int(value))
+
+
+class _Metrics:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def gauge(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
+        self.lines.append(f"# HELP {name} {help_text}")
+        self.lines.append(f"# TYPE {name} gauge")
+        self.lines.extend(f"{name}{_labels(**labels)} {_number(value)}" for labels, value in samples)
+
+
+def prometheus_report(run: AuditRun) -> str:
+    """node_exporter textfile-collector format. Every finding code and health gets a series, zeros
+    included, so an alert on `> 0` sees the value drop when a problem is fixed instead of going stale."""
+    metrics = _Metrics()
+    by_code = dict.fromkeys(CODES, 0)
+    by_severity = dict.fromkeys(SEVERITIES, 0)
+    for result in run.targets:
+        for finding in result.findings:
+            by_code[finding.code] = by_code.get(finding.code, 0) + 1
+            by_severity[finding.severity.value] += 1
+    metrics.gauge("fleetfix_audit_findings", "Findings in the last audit run, per finding code.",
+                  (({"code": code}, n) for code, n in by_code.items()))
+    metrics.gauge("fleetfix_audit_findings_by_severity", "Findings in the last audit run, per severity.",
+                  (({"severity": severity}, n) for severity, n in by_severity.items()))
+    metrics.gauge(
+        "fleetfix_audit_target_health",
+        "1 for the target's health in the last audit run (healthy, info, warning, error, failed, "
+        "unreachable), 0 for the others.",
+        (({"target": r.target, "node": r.node, "health": health}, int(r.health == health))
+         for r in run.targets for health in HEALTH_ORDER),
+    )
+    metrics.gauge("fleetfix_audit_target_error_findings",
+                  "Error-severity findings per target in the last audit run.",
+                  (({"target": r.target, "node": r.node},
+                    sum(f.severity.value == "error" for f in r.findings)) for r in run.targets))
+    metrics.gauge("fleetfix_audit_targets", "Targets in the last audit run, per health.",
+                  (({"health": health}, n) for health, n in health_counts(run).items()))
+    metrics.gauge("fleetfix_audit_unreachable_targets",
+                  "Targets the last audit run could not probe (unreachable or failed).",
+                  [({}, sum(not r.reachable for r in run.targets))])
+    metrics.gauge("fleetfix_audit_run_duration_seconds", "Wall time of the last audit run.",
+                  [({}, run.info.duration if run.info.duration is not None else float("nan"))])
+    metrics.gauge("fleetfix_audit_run_complete", "1 if the last audit run completed.",
+                  [({}, int(run.info.status == "complete"))])
+    metrics.gauge("fleetfix_audit_last_run_timestamp_seconds", "When the last audit run started (epoch).",
+                  [({}, run.info.started)])
+    metrics.gauge("fleetfix_audit_new_findings", "Findings new since the baseline run.",
+                  [({}, len(run.drift.new_findings))])
+    metrics.gauge("fleetfix_audit_resolved_findings", "Findings resolved since the baseline run.",
+                  [({}, len(run.drift.resolved_findings))])
+    return "\n".join(metrics.lines) + "\n"
+
+
+# ---------------------------------------------------------------- files
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write text to path via a temporary file in the same directory and a rename, so a reader (the
+    node_exporter textfile collector, a web server) sees the old file or the new one, never half."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the collector may run as another user
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

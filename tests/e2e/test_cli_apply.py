@@ -1,0 +1,89 @@
+"""Issue 4's acceptance through the real CLI: cuda-toolkit.yaml fixes the problem case on the test bed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from tests.e2e.conftest import host_args, run_cli, write_inventory
+from tests.e2e.scenarios import problem_case
+from tests.lab.aptrepo import AptRepo
+from tests.lab.bed import Lab
+from tests.lab.container import Container, tree_digest
+
+PLAYBOOK = "playbooks/cuda-toolkit.yaml"
+TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
+
+
+def nvcc_version(ct: Container) -> str:
+    return ct.sh("/usr/local/cuda-12.8/bin/nvcc --version", check=False).stdout.decode()
+
+
+def test_apply_fixes_two_containers_check_changes_nothing_and_rerun_is_a_noop(
+    lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, tmp_path: Path,
+) -> None:
+    first, second = make_ct(setup=problem_case), make_ct(setup=problem_case)
+    # The problem as the engineer met it: the obvious install fails.
+    attempt = first.sh("apt-get install -y cuda-nvcc-12-8 cuda-cudart-dev-12-8", check=False)
+    assert attempt.returncode == 100
+    assert "E: Unable to locate package cuda-nvcc-12-8" in attempt.stderr.decode()
+
+    targets = host_args(lab, None, first.ctid, second.ctid)
+    state = ["--state-dir", str(tmp_path / "state")]
+    mirror = ["--var", f"cuda_repo_base={apt_repo.base_url}"]
+
+    before = tree_digest(first.upper_dir)
+    checked = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--check", "--json")
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    assert {t["status"] for t in checked.json()["targets"]} == {"would-change"}
+    assert tree_digest(first.upper_dir) == before, "check mode changed the container"
+
+    applied = run_cli("apply", PLAYBOOK, *targets, *mirror, *state)
+    assert applied.exit_code == 0, applied.stdout + applied.stderr
+    assert "PLAY RECAP" in applied.stdout
+    for ct in (first, second):
+        assert "release 12.8, V12.8.93" in nvcc_version(ct)
+        installed = ct.sh("dpkg-query -W -f='${Package}\\n'", check=False).stdout.decode().split()
+        assert "cuda-nvcc-12-8" in installed and "cuda-cudart-dev-12-8" in installed
+        assert not [p for p in installed if p.startswith(("cuda-drivers", "nvidia-driver"))]
+
+    probed = run_cli("probe", *targets, "--json").json()["targets"]
+    for report in probed:
+        assert not TOOLKIT_CODES & {f["code"] for f in report["findings"]}, report["findings"]
+
+    again = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json")
+    assert again.exit_code == 0
+    for target in again.json()["targets"]:
+        assert target["counts"]["changed"] == 0, target
+        assert target["status"] == "ok"
+
+
+def test_a_failing_container_is_reported_and_the_other_still_fixed(
+    lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, tmp_path: Path,
+) -> None:
+    broken, good = make_ct(setup=problem_case), make_ct(setup=problem_case)
+    missing_mirror = apt_repo.base_url + "/not-mirrored"  # the server answers 404 below it
+    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [
+        (broken.ctid, {"cuda_repo_base": missing_mirror}),
+        (good.ctid, {"cuda_repo_base": apt_repo.base_url}),
+    ])
+    state_dir = tmp_path / "state"
+    result = run_cli("apply", PLAYBOOK, "-i", str(inventory), "--state-dir", str(state_dir), "--json")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    by_ctid = {t["target"].rsplit("/", 1)[-1]: t for t in result.json()["targets"]}
+    failed, fixed = by_ctid[str(broken.ctid)], by_ctid[str(good.ctid)]
+    assert failed["status"] == "failed"
+    failing_step = next(s for s in failed["steps"] if s["status"] == "failed")
+    assert "404" in failing_step["stdout"] + failing_step["stderr"]
+    assert "not-mirrored" in failing_step["stdout"] + failing_step["stderr"]
+    assert fixed["status"] == "changed"
+    assert "release 12.8" in nvcc_version(good)
+
+    runs = run_cli("runs", "list", "--state-dir", str(state_dir), "--json").json()
+    assert len(runs) == 1 and runs[0]["status"] == "failed"
+    detail = run_cli("runs", "show", runs[0]["run_id"], "--state-dir", str(state_dir), "--json").json()
+    recorded = detail["targets"][failed["target"]]["steps"]
+    assert [s["name"] for s in recorded] == [s["name"] for s in failed["steps"]]
+    recorded_failure = next(s for s in recorded if s["status"] == "failed")
+    assert any("404" in script["stdout"] + script["stderr"] for script in recorded_failure["scripts"])
+    assert detail["targets"][fixed["target"]]["status"] == "changed"

@@ -1,0 +1,84 @@
+"""Issue 3's acceptance through the real CLI: the problem chain, a healthy container, a 12.4 toolkit."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.e2e.conftest import host_args, run_cli
+from tests.e2e.scenarios import healthy, install_toolkit, problem_case
+from tests.lab.aptrepo import AptRepo
+from tests.lab.bed import Lab
+from tests.lab.container import Container
+
+EXIT_FINDINGS = 3
+
+
+def problems(report: dict[str, Any]) -> list[str]:
+    """Error and warning codes (the test bed has no GPU, so the info-level GPU finding is expected)."""
+    return [f["code"] for f in report["findings"] if f["severity"] in ("error", "warning")]
+
+
+def test_problem_case_gets_the_whole_chain_with_fixes(lab: Lab, make_ct: Callable[..., Container]) -> None:
+    ct = make_ct(setup=problem_case)
+    result = run_cli("probe", *host_args(lab, None, ct.ctid), "--json")
+    assert result.exit_code == EXIT_FINDINGS, result.stderr
+    [report] = result.json()["targets"]
+    assert report["facts"]["torch"]["cuda"] == "12.8"
+    assert problems(report) == ["CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING"]
+    fixes = {f["code"]: f["fix"] for f in report["findings"]}
+    assert fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["playbook"] == "playbooks/cuda-toolkit.yaml"
+    assert fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["vars"]["cuda_version"] == "12.8"
+    missing = next(f for f in report["findings"] if f["code"] == "EXTENSION_MISSING")
+    assert "causal_conv1d" in missing["summary"]
+    assert "Unable to locate package" in fixes["NVIDIA_REPO_NOT_CONFIGURED"]["hint"] + str(
+        next(f for f in report["findings"] if f["code"] == "NVIDIA_REPO_NOT_CONFIGURED"))
+
+    # The human report names the same root cause and its fix.
+    text = run_cli("probe", *host_args(lab, None, ct.ctid))
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" in text.stdout
+    assert "fleetfix apply playbooks/cuda-toolkit.yaml" in text.stdout
+
+
+def test_healthy_container_gets_no_findings(
+    lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, stub_cache: Path,
+) -> None:
+    ct = make_ct(setup=lambda c: healthy(c, apt_repo, stub_cache))
+    result = run_cli("probe", *host_args(lab, None, ct.ctid), "--json")
+    [report] = result.json()["targets"]
+    assert problems(report) == [], report["findings"]
+    assert result.exit_code == 0
+    assert [tk["version"] for tk in report["facts"]["cuda"]["toolkits"]] == ["12.8"]
+
+
+def test_older_toolkit_is_a_minor_mismatch(
+    lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, stub_cache: Path,
+) -> None:
+    def setup(ct: Container) -> None:
+        healthy(ct, apt_repo, stub_cache)
+        ct.sh("apt-get -qq purge -y cuda-nvcc-12-8 cuda-cudart-dev-12-8 >/dev/null")
+        install_toolkit(ct, apt_repo, "12.4")
+
+    ct = make_ct(setup=setup)
+    [report] = run_cli("probe", *host_args(lab, None, ct.ctid), "--json").json()["targets"]
+    assert problems(report) == ["CUDA_TOOLKIT_MINOR_MISMATCH"]
+
+
+def test_one_channel_per_container_plus_one_per_node(lab: Lab, make_ct: Callable[..., Container]) -> None:
+    first, second = make_ct(setup=problem_case), make_ct(setup=problem_case)
+    node = lab.node().ssh
+    connections, channels = node.connections(), node.session_channels()
+    result = run_cli("probe", *host_args(lab, None, first.ctid, second.ctid), "--json")
+    assert len(result.json()["targets"]) == 2
+    assert node.connections() - connections == 1
+    assert node.session_channels() - channels == 3
+
+
+def test_probe_local_reports_the_real_nvcc() -> None:
+    result = run_cli("probe", "--local", "--json")
+    assert result.exit_code in (0, EXIT_FINDINGS), result.stderr
+    toolkits = result.json()["targets"][0]["facts"]["cuda"]["toolkits"]
+    if Path("/usr/local/cuda-13.0/bin/nvcc").exists():
+        assert {"path": "/usr/local/cuda-13.0", "version": "13.0"}.items() <= next(
+            tk for tk in toolkits if tk["path"] == "/usr/local/cuda-13.0").items()

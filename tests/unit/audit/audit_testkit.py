@@ -1,0 +1,95 @@
+"""Helpers for the audit tests: a fake fleet whose containers answer the probe from recorded fixtures.
+
+(A uniquely named module, not conftest.py, so `from audit_testkit import ...` cannot pick up another
+directory's helpers.)
+
+    world = FakeWorld({200: "healthy", 201: "problem_case"})
+    world.cts[201] = "stopped"                 # pct refuses: the target is unreachable
+    world.down.add("pve2")                     # the node's connection fails
+    with world.fleet() as fleet: ...
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetfix.errors import ConnectError
+from fleetfix.fleet import Fleet
+from fleetfix.probe import Finding, Fix, Severity
+from fleetfix.target import NodeRef, SSHSettings, Target
+from fleetfix.transport.base import CommandResult
+
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
+
+
+def load_fixture(name: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((FIXTURES / f"{name}.json").read_text())
+    return data
+
+
+def edited(name: str, edit: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    data = copy.deepcopy(load_fixture(name))
+    edit(data)
+    return data
+
+
+def interrupt_dpkg(data: dict[str, Any]) -> None:
+    """The edit that breaks a healthy container: an interrupted dpkg run (DPKG_INTERRUPTED, error)."""
+    data["dpkg"]["interrupted"] = True
+    data["dpkg"]["pending_updates"] = 3
+
+
+def make_target(node: str, ctid: int, *, name: str | None = None, groups: Iterable[str] = (),
+                tags: Iterable[str] = (), vars: dict[str, Any] | None = None) -> Target:
+    # Loopback only, never connected to: the FakeWorld connector answers instead.
+    ssh = SSHSettings(address="127.0.0.1", port=2200 + sum(map(ord, node)) % 100, user=node)
+    return Target(name=name or f"{node}/{ctid}", node=NodeRef(node, ssh), ctid=ctid, vars=vars or {},
+                  groups=frozenset(groups), tags=frozenset(tags))
+
+
+@dataclass
+class _Connection:
+    world: FakeWorld
+    label: str
+
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+                ) -> CommandResult:
+        if argv[0] != "pct":
+            return CommandResult(1, "", "no node facts in this fake\n", 0.0)  # node facts: unknown
+        ctid = int(argv[2])
+        state = self.world.cts.get(ctid, "missing")
+        if state == "stopped":
+            return CommandResult(255, "", f"container '{ctid}' not running!\n", 0.0)
+        if state == "missing":
+            return CommandResult(255, "", f"Configuration file 'nodes/x/lxc/{ctid}.conf' does not exist\n", 0.0)
+        data = load_fixture(state) if isinstance(state, str) else state
+        return CommandResult(0, json.dumps(data), "", 0.01)
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakeWorld:
+    """What each container's probe prints: a fixture name, an edited fixture dict, or "stopped"."""
+
+    cts: dict[int, str | dict[str, Any]]
+    down: set[str] = field(default_factory=set)  # node names whose connection fails
+
+    def connect(self, settings: SSHSettings) -> _Connection:
+        if settings.user in self.down:
+            raise ConnectError(f"{settings.address}:{settings.port}: connection refused")
+        return _Connection(self, settings.user)
+
+    def fleet(self) -> Fleet:
+        return Fleet(connect=self.connect)
+
+
+def finding(code: str, severity: str = "error", **evidence: Any) -> Finding:
+    return Finding(code=code, severity=Severity(severity), summary=f"{code} summary", evidence=evidence,
+                   fix=Fix(hint="do the thing"))
