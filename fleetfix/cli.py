@@ -295,3 +295,13 @@ def runs_show(run_id: str, state_dir: str | None, as_json: bool) -> None:
     from fleetfix.playbook import default_state_dir, load_run
 
     render_run_detail(load_run(state_dir or default_state_dir(), run_id), as_json=as_json)
+
+
+def _register_subcommands() -> None:
+    from fleetfix.cli_audit import audit_group, schedule_group
+
+    main.add_command(audit_group)
+    main.add_command(schedule_group)
+
+
+_register_subcommands()

@@ -66,13 +66,6 @@ class AuditRun:
             return EXIT_FINDINGS
         return EXIT_HEALTHY
 
-    def counts(self) -> dict[str, int]:
-        """Targets per health, in a stable order."""
-        counts: dict[str, int] = {}
-        for result in self.targets:
-            counts[result.health] = counts.get(result.health, 0) + 1
-        return counts
-
 
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None) -> AuditRun:
     """A stored run with its drift against `baseline` (default: the previous complete run)."""

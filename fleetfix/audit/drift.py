@@ -105,6 +105,7 @@ def compute_drift(previous: StoredRun | None, current: StoredRun) -> Drift:
                         FindingChange(name, finding, previous_severity=old_findings[key].severity.value)
                     )
             drift.resolved_findings.extend(
-                FindingChange(name, finding) for key, finding in old_findings.items() if key not in new_findings
+                FindingChange(name, finding)
+                for key, finding in old_findings.items() if key not in new_findings
             )
     return drift

@@ -222,7 +222,8 @@ class AuditStore:
         results = tuple(
             TargetResult(target=name, node=node, ctid=ctid, status=status, error=error,
                          findings=tuple(findings.get(name, ())), duration=duration or 0.0,
-                         facts=None if facts is None else json.loads(facts), ignored=tuple(json.loads(ignored)))
+                         facts=None if facts is None else json.loads(facts),
+                         ignored=tuple(json.loads(ignored)))
             for name, node, ctid, status, error, duration, facts, ignored in targets
         )
         return StoredRun(info[0], results)

@@ -168,8 +168,8 @@ class _Context:
         return _Context(self.facts, self.node, self.required, self.torch_cudas, planned)
 
     def nvccs(self, env: PythonEnv | None = None) -> list[Nvcc]:
-        """Every working nvcc the target has: versioned toolkits, PATH, /usr/bin, pip wheels. An nvcc that
-        prints no version (a dangling wrapper, a broken install) cannot build anything, so it is no toolkit."""
+        """Every working nvcc the target has: versioned toolkits, PATH, /usr/bin, pip wheels. An nvcc
+        that prints no version (a dangling wrapper, a broken install) builds nothing: not a toolkit."""
         cuda = self.facts.cuda
         found = [Nvcc(path=t.nvcc, version=t.version, release=t.release) for t in cuda.toolkits if t.nvcc]
         found += [n for n in (cuda.nvcc_on_path, cuda.distro_nvcc) if n is not None]

@@ -26,7 +26,9 @@ def test_problem_case_gets_the_whole_chain_with_fixes(lab: Lab, make_ct: Callabl
     assert result.exit_code == EXIT_FINDINGS, result.stderr
     [report] = result.json()["targets"]
     assert report["facts"]["torch"]["cuda"] == "12.8"
-    assert problems(report) == ["CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING"]
+    assert problems(report) == [
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING",
+    ]
     fixes = {f["code"]: f["fix"] for f in report["findings"]}
     assert fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["playbook"] == "playbooks/cuda-toolkit.yaml"
     assert fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["vars"]["cuda_version"] == "12.8"

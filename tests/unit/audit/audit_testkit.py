@@ -66,7 +66,8 @@ class _Connection:
         if state == "stopped":
             return CommandResult(255, "", f"container '{ctid}' not running!\n", 0.0)
         if state == "missing":
-            return CommandResult(255, "", f"Configuration file 'nodes/x/lxc/{ctid}.conf' does not exist\n", 0.0)
+            missing = f"Configuration file 'nodes/x/lxc/{ctid}.conf' does not exist\n"
+            return CommandResult(255, "", missing, 0.0)
         data = load_fixture(state) if isinstance(state, str) else state
         return CommandResult(0, json.dumps(data), "", 0.01)
 

@@ -374,3 +374,14 @@ def test_absent_extension_with_no_partner_is_not_a_finding_unless_required() -> 
     assert diagnose(facts) == []
     required = diagnose(facts, required_extensions=["flash_attn"])
     assert [(f.code, f.evidence["extension"]) for f in required] == [("EXTENSION_MISSING", "flash_attn")]
+
+
+def test_an_nvcc_that_prints_no_version_is_no_toolkit() -> None:
+    # A wrapper in /usr/local/bin pointing at a removed toolkit: it cannot build anything, so the finding
+    # is the missing toolkit, not a "mismatch" against an unknown version.
+    def dangling_wrapper(data: dict[str, Any]) -> None:
+        data["cuda"]["nvcc_on_path"] = {"path": "/usr/local/bin/nvcc", "version": None, "release": None}
+
+    findings = diagnose(edited("problem_case", dangling_wrapper))
+    assert problems(findings) == [
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING"]

@@ -1,0 +1,35 @@
+"""docs/cli.md, generated from the click commands so it cannot drift: `python -m fleetfix.clidoc`."""
+
+from __future__ import annotations
+
+import click
+
+from fleetfix.cli import main
+
+HEADER = """# Command-line reference
+
+Generated from the commands themselves by `python -m fleetfix.clidoc > docs/cli.md`; a test fails when
+this file is stale.
+
+Exit codes: 0 success / healthy, 1 a command or step failed, 2 bad input (inventory, playbook, options),
+3 error-severity findings, 4 a target unreachable, 130 interrupted.
+"""
+
+
+def _sections(command: click.Command, path: list[str]) -> list[str]:
+    ctx = click.Context(command, info_name=" ".join(path), terminal_width=100, max_content_width=100)
+    parts = [f"## `{' '.join(path)}`\n", "```text", command.get_help(ctx).rstrip(), "```\n"]
+    if isinstance(command, click.Group):
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            if sub is not None and not sub.hidden:
+                parts += _sections(sub, [*path, name])
+    return parts
+
+
+def render() -> str:
+    return HEADER + "\n" + "\n".join(_sections(main, ["fleetfix"]))
+
+
+if __name__ == "__main__":
+    print(render(), end="")

@@ -1,0 +1,105 @@
+"""`fleetfix audit` / `fleetfix schedule` through click, registered on the real main group."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+from audit_testkit import FakeWorld, edited, interrupt_dpkg, make_target
+from click.testing import CliRunner
+
+from fleetfix.audit import DEFAULT_POLICY, AuditStore, run_audit
+from fleetfix.cli import main
+from fleetfix.cli_audit import audit_group, schedule_group
+
+main.add_command(audit_group)
+main.add_command(schedule_group)
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    """A history of two runs: the second has a new DPKG_INTERRUPTED on pve1/201."""
+    path = tmp_path / "audit.db"
+    world = FakeWorld({200: "healthy", 201: "healthy"})
+    targets = [make_target("pve1", 200), make_target("pve1", 201)]
+    with AuditStore(path) as store, world.fleet() as fleet:
+        run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store)
+        world.cts[201] = edited("healthy", interrupt_dpkg)
+        run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store)
+    return path
+
+
+def invoke(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_history_lists_runs_newest_first(db: Path) -> None:
+    code, out, _ = invoke("audit", "history", "--db", str(db))
+    lines = out.splitlines()
+    assert code == 0 and lines[0].split()[:3] == ["RUN", "STARTED", "STATUS"]
+    assert [line.split()[0] for line in lines[1:]] == ["2", "1"]
+    code, out, _ = invoke("audit", "history", "--db", str(db), "--json")
+    assert [run["errors"] for run in json.loads(out)] == [1, 0]
+
+
+def test_show_re_renders_with_drift_and_writes_files(db: Path, tmp_path: Path) -> None:
+    html, junit, prom = tmp_path / "r.html", tmp_path / "r.xml", tmp_path / "r.prom"
+    code, out, _ = invoke("audit", "show", "last", "--db", str(db), "--html", str(html),
+                          "--junit", str(junit), "--prometheus", str(prom))
+    assert code == 0
+    assert out.splitlines()[1] == "drift since run 1:" and "NEW       pve1/201" in out
+    assert "DPKG_INTERRUPTED" in html.read_text() and "<testsuites" in junit.read_text()
+    assert "fleetfix_audit_findings{code=\"DPKG_INTERRUPTED\"} 1" in prom.read_text()
+
+
+def test_diff_between_two_runs_both_ways(db: Path) -> None:
+    code, out, _ = invoke("audit", "diff", "1", "2", "--db", str(db), "--json")
+    assert code == 0 and [c["code"] for c in json.loads(out)["new_findings"]] == ["DPKG_INTERRUPTED"]
+    code, out, _ = invoke("audit", "diff", "2", "1", "--db", str(db))
+    assert "RESOLVED  pve1/201: DPKG_INTERRUPTED" in out
+
+
+def test_unknown_run_is_one_line_exit_2(db: Path) -> None:
+    code, _, err = invoke("audit", "show", "7", "--db", str(db))
+    assert code == 2 and err.strip().endswith("run 7 not found") and len(err.strip().splitlines()) == 1
+
+
+def test_bad_policy_is_one_line_exit_2(tmp_path: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text("severity:\n  DPKG_INTERRUPTED: fatal\n")
+    code, _, err = invoke("audit", "--policy", str(policy), "--db", str(tmp_path / "a.db"),
+                          "--host", "127.0.0.1")
+    assert code == 2 and "p.yaml:2: severity.DPKG_INTERRUPTED" in err and len(err.strip().splitlines()) == 1
+
+
+def test_unreachable_target_exits_4_and_is_recorded(tmp_path: Path) -> None:
+    with socket.socket() as sock:  # a loopback port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    db = tmp_path / "a.db"
+    code, out, _ = invoke("audit", "--db", str(db), "--host", "127.0.0.1", "--port", str(port),
+                          "--connect-timeout", "2", "--json")
+    data = json.loads(out)
+    assert code == 4 and data["exit_code"] == 4 and data["targets"][0]["status"] == "unreachable"
+    with AuditStore(db) as store:
+        [run] = store.runs()
+    assert run.status == "complete" and run.unreachable_count == 1
+
+
+def test_schedule_dry_run_and_cron(tmp_path: Path) -> None:
+    code, out, _ = invoke("schedule", "install", "--dry-run", "--unit-dir", str(tmp_path), "--",
+                          "-i", "/etc/fleetfix/inventory.yaml", "--json")
+    assert code == 0 and "[Timer]" in out and "ExecStart=" in out and "--json" in out
+    assert list(tmp_path.iterdir()) == []  # dry run wrote nothing
+    code, out, _ = invoke("schedule", "install", "--cron", "--at", "04:15", "--", "--limit", "tag:gpu")
+    assert code == 0 and out.startswith("15 4 * * * ")
+
+
+def test_schedule_refuses_audit_options_that_do_not_parse(tmp_path: Path) -> None:
+    code, _, err = invoke("schedule", "install", "--dry-run", "--", "--no-such-option")
+    assert code == 2 and "audit options" in err and "--no-such-option" in err
+    code, _, err = invoke("schedule", "install", "--dry-run", "--", "history")
+    assert code == 2 and "unexpected extra argument" in err

@@ -1,0 +1,163 @@
+"""Reports: JSON, HTML (escaped, self-contained), JUnit (parsed back), Prometheus (parsed, strict)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from audit_testkit import FakeWorld, edited, finding, interrupt_dpkg, make_target
+
+from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, TargetResult, load_audit, run_audit
+from fleetfix.audit.report import html_report, json_report, junit_report, prometheus_report, write_atomic
+from fleetfix.probe.rules import CODES
+
+
+@pytest.fixture
+def audit(tmp_path: Path) -> AuditRun:
+    """Run 2 of a fleet: one healthy, one newly broken, the problem case, one stopped CT."""
+    world = FakeWorld({200: "healthy", 201: "healthy", 202: "problem_case", 203: "stopped"})
+    targets = [make_target("pve1", n) for n in (200, 201, 202, 203)]
+    with AuditStore(tmp_path / "a.db") as store, world.fleet() as fleet:
+        run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store)
+        world.cts[201] = edited("healthy", interrupt_dpkg)
+        return run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store)
+
+
+def test_json_report_has_drift_summary_and_targets(audit: AuditRun) -> None:
+    data = json.loads(json.dumps(json_report(audit)))
+    assert list(data)[:2] == ["run", "drift"]
+    assert [c["code"] for c in data["drift"]["new_findings"]] == ["DPKG_INTERRUPTED"]
+    assert data["summary"]["error"] == 2 and data["summary"]["unreachable"] == 1
+    assert data["exit_code"] == 4
+    assert {t["target"]: t["health"] for t in data["targets"]}["pve1/200"] == "healthy"
+
+
+def test_html_is_escaped_and_self_contained(audit: AuditRun, tmp_path: Path) -> None:
+    hostile = TargetResult("pve9/<b>x</b>", "pve9", 9, "failed", error="<script>alert(1)</script>")
+    evil = TargetResult("pve9/2", "pve9", 2, "ok", findings=(
+        finding("DISK_LOW", "warning", path='/"><img src=x onerror=alert(1)>'),))
+    run = AuditRun(type(audit.run)(audit.info, (*audit.targets, hostile, evil)), audit.drift)
+    page = html_report(run)
+    assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "<b>x</b>" not in page and "<img src=x" not in page
+    # No external assets: no tag loads anything, one inline script; the injected markup stayed text.
+    tags = html_tags(page)
+    assert not [t for t in tags if t[0] in ("link", "img", "iframe") or {"src", "href"} & set(t[1])]
+    assert [t[0] for t in tags].count("script") == 1
+    assert not re.search(r"@import|url\(", page)
+    # The content a reader needs: drift before targets, findings with evidence and fix.
+    assert page.index('id="drift"') < page.index('id="targets"')
+    assert "New: pve1/201" in page and "DPKG_INTERRUPTED" in page
+    assert "Fix: fleetfix apply playbooks/cuda-toolkit.yaml" in page
+    assert '&#34;pending_updates&#34;: 3' in page or '"pending_updates": 3' in page
+
+
+def html_tags(page: str) -> list[tuple[str, list[str]]]:
+    tags: list[tuple[str, list[str]]] = []
+
+    class Collector(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            tags.append((tag, [name for name, _ in attrs]))
+
+    Collector().feed(page)
+    return tags
+
+
+def test_junit_has_a_testcase_per_target_and_check(audit: AuditRun) -> None:
+    root = ET.fromstring(junit_report(audit).split("\n", 1)[1])
+    suites = {suite.get("name"): suite for suite in root.iter("testsuite")}
+    assert list(suites) == ["pve1/200", "pve1/201", "pve1/202", "pve1/203"]
+    for suite in suites.values():
+        names = [case.get("name") for case in suite.iter("testcase")]
+        assert names == ["reachable", *CODES]
+        assert int(suite.get("tests", "")) == len(names)
+        assert int(suite.get("failures", "")) == len(suite.findall("testcase/failure"))
+    broken = suites["pve1/201"].find("testcase[@name='DPKG_INTERRUPTED']/failure")
+    assert broken is not None and "dpkg --configure -a" in (broken.text or "")
+    assert suites["pve1/200"].find("testcase/failure") is None
+    warning = suites["pve1/202"].find("testcase[@name='EXTENSION_MISSING']")
+    assert warning is not None and warning.find("failure") is None and warning.find("system-out") is not None
+    stopped = suites["pve1/203"]
+    assert stopped.find("testcase[@name='reachable']/error") is not None
+    assert len(stopped.findall("testcase/skipped")) == len(CODES)
+    assert int(root.get("failures", "")) == sum(int(s.get("failures", "")) for s in suites.values())
+
+
+SAMPLE = re.compile(
+    r'(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
+    r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*")*)\})? (?P<value>-?[0-9.eE+-]+|NaN|[+-]Inf)'
+)
+
+
+def strict_exposition_check(text: str) -> dict[str, list[str]]:
+    """The text format's rules: HELP and TYPE before a family's samples, families contiguous, no
+    duplicate series, ends with a newline. Returns sample lines per family."""
+    assert text.endswith("\n")
+    families: dict[str, list[str]] = {}
+    current, seen = None, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            current = line.split()[2]
+            assert current not in families, f"family {current} repeated"
+            families[current] = []
+        elif line.startswith("# TYPE "):
+            assert line.split()[2:] == [current, "gauge"], line
+        else:
+            match = SAMPLE.fullmatch(line)
+            assert match, f"not a sample line: {line!r}"
+            assert match["name"] == current, f"{line!r} outside its family"
+            series = (match["name"], match["labels"])
+            assert series not in seen, f"duplicate series {line!r}"
+            seen.add(series)
+            families[current].append(line)
+    return families
+
+
+def test_prometheus_textfile_parses_and_counts(audit: AuditRun) -> None:
+    text = prometheus_report(audit)
+    families = strict_exposition_check(text)
+    assert len(families["fleetfix_audit_findings"]) == len(CODES)
+    parser = pytest.importorskip("prometheus_client.parser")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in parser.text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("fleetfix_audit_findings", (("code", "DPKG_INTERRUPTED"),))] == 1
+    assert samples[("fleetfix_audit_findings", (("code", "DRIVER_TOO_OLD"),))] == 0
+    assert samples[("fleetfix_audit_unreachable_targets", ())] == 1
+    assert samples[("fleetfix_audit_new_findings", ())] == 1
+    health = (("health", "error"), ("node", "pve1"), ("target", "pve1/201"))
+    assert samples[("fleetfix_audit_target_health", health)] == 1
+    assert samples[("fleetfix_audit_run_duration_seconds", ())] == pytest.approx(audit.info.duration)
+
+
+def test_prometheus_label_values_are_escaped(audit: AuditRun) -> None:
+    odd = TargetResult('a"b\\c\nd', "pve1", None, "ok")
+    run = AuditRun(type(audit.run)(audit.info, (odd,)), audit.drift)
+    text = prometheus_report(run)
+    strict_exposition_check(text)
+    assert 'target="a\\"b\\\\c\\nd"' in text
+
+
+def test_write_atomic_replaces_whole_or_not_at_all(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "metrics" / "fleetfix.prom"
+    write_atomic(path, "old 1\n")
+    assert path.read_text() == "old 1\n" and oct(path.stat().st_mode & 0o777) == "0o644"
+
+    def crash(src: str, dst: str) -> None:
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk gone"):
+        write_atomic(path, "new 2\n")
+    assert path.read_text() == "old 1\n"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["fleetfix.prom"]  # no temp file left
+
+
+def test_show_re_renders_a_stored_run_identically(audit: AuditRun, tmp_path: Path) -> None:
+    with AuditStore(tmp_path / "a.db") as store:
+        again = load_audit(store, audit.info.id)
+    assert json_report(again) == json_report(audit)
