@@ -44,6 +44,7 @@ def targeting_options(func: F) -> F:
                      help="Seconds to wait for an SSH connection."),
         click.option("--forks", type=click.IntRange(1, 1000), default=20, show_default=True,
                      help="Nodes worked on at once."),
+        click.option("--refresh", is_flag=True, help="Bypass the Proxmox discovery cache."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -53,8 +54,11 @@ def targeting_options(func: F) -> F:
 def resolve_targets(
     *, inventory: str | None, limit: str | None, host: str | None, port: int, user: str,
     identity: str | None, known_hosts: str | None, accept_new: bool, ctids: Sequence[int],
-    connect_timeout: float, local: bool = False, **_: Any,
+    connect_timeout: float, local: bool = False, refresh: bool = False,
+    skipped: list[tuple[str, str]] | None = None, **_: Any,
 ) -> list[Any]:
+    """The targets a command acts on. Discovery's skipped containers are appended to `skipped`."""
+    from fleetfix.discovery import Discoverer
     from fleetfix.inventory import adhoc_targets, load_inventory, local_target, resolve_inventory_path
     from fleetfix.selection import select
 
@@ -66,7 +70,11 @@ def resolve_targets(
             accept_new=accept_new, ctids=ctids, connect_timeout=connect_timeout,
         )
     else:
-        loaded = load_inventory(resolve_inventory_path(inventory))
+        loaded = load_inventory(resolve_inventory_path(inventory), discover=Discoverer(refresh=refresh))
+        for warning in loaded.warnings:
+            click.echo(f"fleetfix: warning: {warning}", err=True)
+        if skipped is not None:
+            skipped.extend(loaded.skipped)
         targets = list(loaded.targets)
         if accept_new or known_hosts:
             targets = [_override_ssh(t, accept_new=accept_new, known_hosts=known_hosts) for t in targets]
@@ -163,7 +171,8 @@ def inventory_list(as_json: bool, **opts: Any) -> None:
     """
     from fleetfix.output import render_targets
 
-    render_targets(resolve_targets(**opts), as_json=as_json)
+    skipped: list[tuple[str, str]] = []
+    render_targets(resolve_targets(skipped=skipped, **opts), skipped=skipped, as_json=as_json)
 
 
 @main.command("probe")
@@ -235,7 +244,7 @@ def apply_command(
           --var cuda_repo_base=http://mirror.internal/compute/cuda/repos
     """
     from fleetfix.fleet import Fleet
-    from fleetfix.output import render_apply, step_printer
+    from fleetfix.output import LiveOutput, render_apply, step_printer
     from fleetfix.playbook import RunRecorder, default_state_dir, load_playbook, run_playbook
     from fleetfix.probing import gather_facts
 
@@ -243,6 +252,7 @@ def apply_command(
     variables = parse_var(var_items)
     targets = resolve_targets(**opts)
     verbose = bool(click.get_current_context().find_root().params.get("verbose"))
+    live = LiveOutput() if verbose and not as_json else None  # -v: stream every script's output
     with (
         Fleet(forks=opts["forks"]) as fleet,
         RunRecorder(state_dir or default_state_dir()) as recorder,
@@ -251,8 +261,11 @@ def apply_command(
             playbook, targets, fleet_map=fleet.map,
             facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
             vars=variables, check=check, recorder=recorder, serial=serial, max_fail_pct=max_fail,
-            on_step=None if as_json else step_printer(verbose=verbose),
+            on_step=None if as_json else step_printer(verbose=verbose, live=live),
+            on_output=None if live is None else live.on_output,
         )
+    if live is not None:
+        live.flush()
     render_apply(run, as_json=as_json)
     sys.exit(run.exit_code)
 

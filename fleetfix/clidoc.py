@@ -16,19 +16,23 @@ Exit codes: 0 success / healthy, 1 a command or step failed, 2 bad input (invent
 """
 
 
-def _sections(command: click.Command, path: list[str]) -> list[str]:
-    ctx = click.Context(command, info_name=" ".join(path), terminal_width=100, max_content_width=100)
+def _sections(command: click.Command, path: list[str], parent: click.Context | None) -> list[str]:
+    # Contexts chained as in a real invocation, so inherited settings (-h, widths) show as users see them.
+    settings = {"terminal_width": 100, "max_content_width": 100}
+    if parent is None:
+        settings = {**command.context_settings, **settings}
+    ctx = click.Context(command, info_name=path[-1], parent=parent, **settings)  # type: ignore[arg-type]
     parts = [f"## `{' '.join(path)}`\n", "```text", command.get_help(ctx).rstrip(), "```\n"]
     if isinstance(command, click.Group):
         for name in command.list_commands(ctx):
             sub = command.get_command(ctx, name)
             if sub is not None and not sub.hidden:
-                parts += _sections(sub, [*path, name])
+                parts += _sections(sub, [*path, name], ctx)
     return parts
 
 
 def render() -> str:
-    return HEADER + "\n" + "\n".join(_sections(main, ["fleetfix"]))
+    return HEADER + "\n" + "\n".join(_sections(main, ["fleetfix"], None))
 
 
 if __name__ == "__main__":

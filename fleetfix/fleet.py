@@ -26,7 +26,7 @@ from typing import Generic, Literal, Protocol, TypeVar
 
 from fleetfix.errors import ContainerError, FleetfixError
 from fleetfix.target import SSHSettings, Target
-from fleetfix.transport.base import CommandResult, Transport
+from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.local import LocalTransport
 from fleetfix.transport.pct import PctTransport
 
@@ -42,7 +42,8 @@ class NodeConnection(Protocol):
     label: str
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult: ...
 
     def close(self) -> None: ...
@@ -211,9 +212,12 @@ class _NodeTransport:
         self.label = label
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
-        return self.connection.execute(argv, stdin=stdin, timeout=timeout)
+        if on_output is None:  # the plain call: test connectors written before streaming keep working
+            return self.connection.execute(argv, stdin=stdin, timeout=timeout)
+        return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
 
 
 def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Transport, started: float

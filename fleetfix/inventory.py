@@ -4,6 +4,10 @@ Everything is resolved once, here: SSH settings (defaults -> node), vars (defaul
 order -> node -> container), group membership, `~` and relative paths. Every problem is one line,
 `file:line: field.path: what was expected`, raised as InventoryError. docs/inventory.md is the user's
 reference for the format; keep the two in step.
+
+`proxmox:` entries are sources of targets found at load time (fleetfix.discovery): the file is checked
+first, then each source is discovered, then groups and vars are resolved over static and discovered
+targets alike. Discovered containers that are not targets (stopped, say) are kept in `Inventory.skipped`.
 """
 
 from __future__ import annotations
@@ -11,15 +15,24 @@ from __future__ import annotations
 import copy
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from fleetfix.discovery import (
+    ApiAccess,
+    ContainerFilter,
+    DiscoveryResult,
+    ProxmoxSource,
+    SshAccess,
+    TokenSecret,
+)
 from fleetfix.errors import ConfigError, InventoryError
 from fleetfix.selection import Term, apply_terms, check_unknown_prefixes, parse_pattern, select
 from fleetfix.target import NodeRef, SSHSettings, Target
@@ -36,6 +49,10 @@ _ADDRESS = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]{0,252}")  # neve
 _JUMP_HOST = re.compile(  # [user@]host[:port], host possibly a bracketed IPv6; never starts with '-'
     r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.%]+\])(?::(\d{1,5}))?")
 RESERVED_NAMES = frozenset({"all"})  # `all` selects every target
+PVE_API_PORT = 8006
+# A PVE API token id: user@realm!tokenname (PVE: userid `[^\s:/]+@realm`, token name `[A-Za-z][\w.-]*`).
+_TOKEN_ID = re.compile(r"[^\s:/@!=]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def _check_name(value: str) -> str:
@@ -84,6 +101,39 @@ def _check_path(value: str) -> str:
     return value
 
 
+def _check_api_url(value: str) -> str:
+    """`https://host[:port]` and nothing else: no credentials, path or query to leak or misread."""
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        parts, port = None, None
+    if (parts is None or parts.scheme != "https" or not parts.hostname or parts.username is not None
+            or parts.password is not None or parts.path not in ("", "/", "/api2/json", "/api2/json/")
+            or parts.query or parts.fragment or not _ADDRESS.fullmatch(parts.hostname)
+            or (port is not None and not 1 <= port <= 65535)):
+        raise PydanticCustomError("api_url", "expected https://host[:port] (port 8006 if omitted)")
+    return value
+
+
+def _check_token_id(value: str) -> str:
+    if not _TOKEN_ID.fullmatch(value):
+        raise PydanticCustomError("token_id", "expected an API token id: user@realm!tokenname")
+    return value
+
+
+def _check_env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise PydanticCustomError("env_name", "expected an environment variable name")
+    return value
+
+
+def _check_glob(value: str) -> str:
+    if not value.strip():
+        raise PydanticCustomError("glob", "expected a name or glob")
+    return value
+
+
 def _check_json_value(value: Any) -> Any:
     """Vars reach jinja2 templates and `--json` output, so only JSON-shaped values are accepted."""
     if value is None or isinstance(value, str | bool | int | float):
@@ -107,6 +157,11 @@ FilePath = Annotated[str, AfterValidator(_check_path)]
 Seconds = Annotated[float, Field(gt=0, le=3600)]
 KeepaliveSeconds = Annotated[float, Field(ge=0, le=3600)]  # 0: no keepalives
 Vars = dict[VarName, Annotated[Any, AfterValidator(_check_json_value)]]
+ApiUrl = Annotated[str, AfterValidator(_check_api_url)]
+TokenId = Annotated[str, AfterValidator(_check_token_id)]
+EnvName = Annotated[str, AfterValidator(_check_env_name)]
+Glob = Annotated[str, AfterValidator(_check_glob)]
+CtStatus = Literal["running", "stopped"]
 
 
 class _Model(BaseModel):
@@ -147,6 +202,46 @@ class NodeModel(ConnectionFields):
     containers: list[ContainerModel] = []
 
 
+class ProxmoxSSHModel(_Model):
+    """How to reach the discovered nodes over SSH; unset fields come from `defaults`."""
+
+    user: Name = "root"
+    port: Port = 22
+    identity_file: FilePath | None = None
+    known_hosts: FilePath | None = None
+    accept_new: bool = False
+    jump_host: JumpHost | None = None
+    connect_timeout: Seconds = 10.0
+    keepalive: KeepaliveSeconds = 15.0
+
+
+class ProxmoxFilterModel(_Model):
+    tags: list[Glob] = []
+    status: CtStatus | list[CtStatus] = []
+    name: Glob | list[Glob] = []
+    nodes: list[Glob] = []
+
+
+class ProxmoxModel(_Model):
+    name: Name
+    api: ApiUrl | None = None
+    via_ssh: Name | None = None  # a node under `nodes:`; pvesh runs there
+    pve_node: Name | None = None  # that node's name in PVE (default: its inventory name)
+    token_id: TokenId | None = None
+    token_secret_env: EnvName | None = None
+    token_secret_file: FilePath | None = None
+    token_secret: Any = None  # accepted by the schema only to refuse it with a clear message
+    verify_tls: bool = True
+    ca_file: FilePath | None = None
+    timeout: Seconds = 10.0
+    filter: ProxmoxFilterModel = ProxmoxFilterModel()
+    ssh: ProxmoxSSHModel = ProxmoxSSHModel()
+    node_addresses: dict[Name, Address] = {}
+    tags: list[Name] = []
+    vars: Vars = {}
+    cache_ttl: Annotated[float, Field(ge=0, le=86400)] = 0.0
+
+
 class GroupModel(_Model):
     targets: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
     vars: Vars = {}
@@ -154,29 +249,37 @@ class GroupModel(_Model):
 
 class InventoryModel(_Model):
     defaults: DefaultsModel = DefaultsModel()
-    nodes: list[NodeModel] = Field(min_length=1)
+    nodes: list[NodeModel] = []  # at least one node or one proxmox source (checked in _build)
+    proxmox: list[ProxmoxModel] = []
     groups: dict[Name, GroupModel] = {}
 
 
 @dataclass
 class Inventory:
-    """A loaded inventory: targets in file order, and each group's member target names."""
+    """A loaded inventory: targets (static in file order, then discovered), each group's member target
+    names, and from discovery: the sources' results, what was skipped and why, and warnings."""
 
     path: Path
     targets: list[Target]
     groups: dict[str, list[str]]
+    discovered: list[DiscoveryResult] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (target or CT label, reason)
+    warnings: list[str] = field(default_factory=list)
 
     def select(self, pattern: str | None) -> list[Target]:
         return select(self.targets, pattern)
 
 
+# Discovers one source (fleetfix.discovery.Discoverer in production; tests pass fakes).
+Discover = Callable[[ProxmoxSource], DiscoveryResult]
+
+
 @dataclass(frozen=True)
 class _Draft:
-    """A target before its groups and vars are known, with the models its vars come from."""
+    """A target before its groups and vars are known, with its own var layers (applied after groups)."""
 
     target: Target
-    node: NodeModel
-    container: ContainerModel | None
+    own_vars: tuple[Mapping[str, Any], ...]
 
 
 def resolve_inventory_path(cli_value: str | None) -> Path:
@@ -196,17 +299,21 @@ def resolve_inventory_path(cli_value: str | None) -> Path:
     return path
 
 
-def load_inventory(path: str | Path) -> Inventory:
+def load_inventory(path: str | Path, *, discover: Discover | None = None) -> Inventory:
+    """Load and check the file, then discover its `proxmox:` sources with `discover` (default: a
+    fleetfix.discovery.Discoverer, which uses the network and the cache)."""
     with _as_inventory_error(path):
         data, where = load_yaml(path, InventoryError)
-    return _build(data, where, Path(path))
+    return _build(data, where, Path(path), discover)
 
 
-def parse_inventory(text: str, path: str | Path = "<inventory>") -> Inventory:
+def parse_inventory(
+    text: str, path: str | Path = "<inventory>", *, discover: Discover | None = None,
+) -> Inventory:
     """Like load_inventory, from text; relative paths in it resolve against path's folder."""
     with _as_inventory_error(path):
         data, where = parse_yaml(text, str(path), InventoryError)
-    return _build(data, where, Path(path))
+    return _build(data, where, Path(path), discover)
 
 
 @contextmanager
@@ -224,29 +331,77 @@ def _as_inventory_error(path: str | Path) -> Iterator[None]:
         raise InventoryError("invalid YAML: nested too deeply", path=str(path)) from None
 
 
-def _build(data: Any, where: Locations, path: Path) -> Inventory:
+def _build(data: Any, where: Locations, path: Path, discover: Discover | None) -> Inventory:
     if data is None:
         raise InventoryError("the file is empty; expected a mapping with a 'nodes' list", path=where.path)
     if not isinstance(data, dict):
         raise _error(where, (), "expected a mapping with a 'nodes' list at the top level")
     model = validate(InventoryModel, data, where, InventoryError)
-    drafts = _drafts(model, where, path)
-    members = _resolve_groups(model, where, drafts)
+    if not model.nodes and not model.proxmox:
+        raise _error(where, ("nodes",) if "nodes" in data else (),
+                     "expected at least one node under 'nodes' or a 'proxmox' source")
+    via_ssh = {source.via_ssh for source in model.proxmox if source.via_ssh}
+    drafts, node_refs = _drafts(model, where, path, via_ssh)
+    sources = _sources(model, where, path, node_refs)
+    inventory = Inventory(path=path, targets=[], groups={})
+    if sources:
+        if discover is None:
+            from fleetfix.discovery import Discoverer
+
+            discover = Discoverer()
+        for source, source_model in sources:
+            result = discover(source)
+            inventory.discovered.append(result)
+            inventory.skipped.extend(result.skipped)
+            inventory.warnings.extend(result.warnings)
+            _add_discovered(drafts, result, (source_model.vars,), set(model.groups), inventory)
+    members = _resolve_groups(model, where, drafts, strict=not sources, warnings=inventory.warnings)
     in_groups: dict[str, list[str]] = {draft.target.name: [] for draft in drafts}
     for group_name, names in members.items():
         for name in names:
             in_groups[name].append(group_name)
-    targets = []
     for draft in drafts:
         groups = in_groups[draft.target.name]
-        layers = [model.defaults.vars, *(model.groups[name].vars for name in groups), draft.node.vars]
-        if draft.container is not None:
-            layers.append(draft.container.vars)
+        layers = [model.defaults.vars, *(model.groups[name].vars for name in groups), *draft.own_vars]
         merged: dict[str, Any] = {}
         for layer in layers:
             merged.update(layer)  # top-level keys replace; nested mappings are not merged
-        targets.append(replace(draft.target, vars=copy.deepcopy(merged), groups=frozenset(groups)))
-    return Inventory(path=path, targets=targets, groups=members)
+        inventory.targets.append(replace(draft.target, vars=copy.deepcopy(merged), groups=frozenset(groups)))
+    inventory.groups = members
+    return inventory
+
+
+def _add_discovered(
+    drafts: list[_Draft], result: DiscoveryResult, own_vars: tuple[Mapping[str, Any], ...],
+    group_names: set[str], inventory: Inventory,
+) -> None:
+    """Append a source's targets. A container already in the inventory (same node connection and CT id)
+    is skipped; a name already taken falls back to `<node>/<ctid>`, with a warning."""
+    taken = {draft.target.name for draft in drafts} | group_names | RESERVED_NAMES
+    seen = {_ct_key(draft.target): draft.target for draft in drafts if draft.target.ctid is not None}
+    for target in result.targets:
+        first = seen.get(_ct_key(target))
+        if first is not None:
+            inventory.skipped.append((target.name, f"already in the inventory as {first.name!r} "
+                                                   f"(from {first.source})"))
+            continue
+        name = target.name
+        if name in taken:
+            fallback = f"{target.node.name}/{target.ctid}"
+            if fallback in taken:
+                inventory.skipped.append((name, "its name and its node/ctid name are both taken"))
+                continue
+            inventory.warnings.append(f"{result.source}: name {name!r} is already taken; using {fallback!r}")
+            name = fallback
+        taken.add(name)
+        target = replace(target, name=name)
+        seen[_ct_key(target)] = target
+        drafts.append(_Draft(target, own_vars))
+
+
+def _ct_key(target: Target) -> tuple[Any, int | None]:
+    ssh = target.node.ssh
+    return (ssh.key if ssh is not None else target.node.name, target.ctid)
 
 
 def _pick(node: NodeModel, defaults: DefaultsModel, field: str) -> Any:
@@ -262,9 +417,14 @@ def _file(value: str | None, base: Path) -> str | None:
     return str(expanded if expanded.is_absolute() else base / expanded)
 
 
-def _drafts(model: InventoryModel, where: Locations, path: Path) -> list[_Draft]:
+def _drafts(
+    model: InventoryModel, where: Locations, path: Path, via_ssh: set[str],
+) -> tuple[list[_Draft], dict[str, NodeRef]]:
+    """Static targets, and every node's NodeRef by name. A node that a `proxmox: via_ssh` source goes
+    through need not be a target itself."""
     base = path.parent
     drafts: list[_Draft] = []
+    node_refs: dict[str, NodeRef] = {}
     node_lines: dict[str, int | None] = {}
     target_lines: dict[str, int | None] = {}
 
@@ -293,14 +453,17 @@ def _drafts(model: InventoryModel, where: Locations, path: Path) -> list[_Draft]
             keepalive=float(_pick(node, model.defaults, "keepalive")),
         )
         ref = NodeRef(name=node.name, ssh=settings)  # one per node: its containers share the connection
-        include_node = node.include_node if node.include_node is not None else not node.containers
-        if not include_node and not node.containers:
+        node_refs[node.name] = ref
+        discovery_only = not node.containers and node.name in via_ssh
+        include_node = node.include_node if node.include_node is not None else (
+            not node.containers and not discovery_only)
+        if not include_node and not node.containers and not discovery_only:
             raise _error(where, (*node_loc, "include_node"),
                          "a node without containers must be a target itself (drop include_node)")
         if include_node:
             claim(node.name, (*node_loc, "name"))
             drafts.append(_Draft(Target(node.name, ref, None, tags=frozenset(node.tags), source=str(path)),
-                                 node, None))
+                                 (node.vars,)))
         ctid_lines: dict[int, int | None] = {}
         for position, container in enumerate(node.containers):
             ct_loc: Loc = (*node_loc, "containers", position)
@@ -315,8 +478,96 @@ def _drafts(model: InventoryModel, where: Locations, path: Path) -> list[_Draft]
             # A node's tags describe its hardware, which its containers share.
             tags = frozenset(node.tags) | frozenset(container.tags)
             drafts.append(_Draft(Target(name, ref, container.ctid, tags=tags, source=str(path)),
-                                 node, container))
-    return drafts
+                                 (node.vars, container.vars)))
+    return drafts, node_refs
+
+
+_API_ONLY = ("token_id", "token_secret_env", "token_secret_file", "verify_tls", "ca_file", "node_addresses",
+             "ssh")
+
+
+def _sources(
+    model: InventoryModel, where: Locations, path: Path, node_refs: Mapping[str, NodeRef],
+) -> list[tuple[ProxmoxSource, ProxmoxModel]]:
+    """The `proxmox:` entries, checked across fields (pydantic checks them one at a time)."""
+    sources: list[tuple[ProxmoxSource, ProxmoxModel]] = []
+    lines: dict[str, int | None] = {}
+    for index, entry in enumerate(model.proxmox):
+        loc: Loc = ("proxmox", index)
+        if entry.name in lines:
+            first = _first(lines[entry.name])
+            raise _error(where, (*loc, "name"), f"duplicate proxmox source {entry.name!r}{first}")
+        lines[entry.name] = where.line((*loc, "name"))
+        if "token_secret" in entry.model_fields_set:
+            raise _error(where, (*loc, "token_secret"), "an inline secret is not accepted (the file would "
+                         "hold a credential): use token_secret_env or token_secret_file")
+        if (entry.api is None) == (entry.via_ssh is None):
+            raise _error(where, loc, "expected exactly one of 'api' (HTTPS with a token) and 'via_ssh'")
+        flt = entry.filter
+        source = ProxmoxSource(
+            name=entry.name, tags=frozenset(entry.tags), cache_ttl=float(entry.cache_ttl),
+            filter=ContainerFilter(
+                tags=tuple(flt.tags), nodes=tuple(flt.nodes),
+                statuses=tuple([flt.status] if isinstance(flt.status, str) else flt.status),
+                names=tuple([flt.name] if isinstance(flt.name, str) else flt.name),
+            ),
+        )
+        if entry.via_ssh is not None:
+            source = _ssh_source(source, entry, where, loc, node_refs)
+        else:
+            source = _api_source(source, entry, where, loc, model.defaults, path.parent)
+        sources.append((source, entry))
+    return sources
+
+
+def _ssh_source(
+    source: ProxmoxSource, entry: ProxmoxModel, where: Locations, loc: Loc, node_refs: Mapping[str, NodeRef],
+) -> ProxmoxSource:
+    for field_name in _API_ONLY:
+        if field_name in entry.model_fields_set:
+            raise _error(where, (*loc, field_name), "only for an 'api' source (a via_ssh source uses the "
+                         "node's own SSH settings)")
+    assert entry.via_ssh is not None
+    ref = node_refs.get(entry.via_ssh)
+    if ref is None:
+        raise _error(where, (*loc, "via_ssh"), f"no node named {entry.via_ssh!r} under 'nodes'")
+    access = SshAccess(node=ref, pve_node=entry.pve_node or entry.via_ssh, timeout=entry.timeout)
+    return replace(source, ssh=access)
+
+
+def _api_source(
+    source: ProxmoxSource, entry: ProxmoxModel, where: Locations, loc: Loc, defaults: DefaultsModel,
+    base: Path,
+) -> ProxmoxSource:
+    if "pve_node" in entry.model_fields_set:
+        raise _error(where, (*loc, "pve_node"), "only for a 'via_ssh' source")
+    if entry.token_id is None:
+        raise _error(where, loc, "an 'api' source needs token_id (user@realm!tokenname)")
+    if (entry.token_secret_env is None) == (entry.token_secret_file is None):
+        raise _error(where, loc, "expected exactly one of token_secret_env and token_secret_file")
+    if not entry.verify_tls and entry.ca_file is not None:
+        raise _error(where, (*loc, "verify_tls"), "verify_tls: false contradicts ca_file; drop one")
+    assert entry.api is not None
+    url = urlsplit(entry.api)
+    assert url.hostname is not None
+    secret = TokenSecret(env=entry.token_secret_env, file=_file(entry.token_secret_file, base),
+                         path=where.path, line=where.line(loc), loc=".".join(map(str, loc)))
+    access = ApiAccess(host=url.hostname, port=url.port or PVE_API_PORT, token_id=entry.token_id,
+                       secret=secret, verify_tls=entry.verify_tls, ca_file=_file(entry.ca_file, base),
+                       timeout=entry.timeout)
+    ssh = entry.ssh
+
+    def pick(name: str) -> Any:
+        """The source's ssh value if it sets the field, else the inventory defaults'."""
+        return getattr(ssh if name in ssh.model_fields_set else defaults, name)
+
+    node_ssh = SSHSettings(
+        address="", port=pick("port"), user=pick("user"),
+        identity_file=_file(pick("identity_file"), base), known_hosts=_file(pick("known_hosts"), base),
+        accept_new=pick("accept_new"), jump_host=pick("jump_host"),
+        connect_timeout=float(pick("connect_timeout")), keepalive=float(pick("keepalive")),
+    )
+    return replace(source, api=access, node_ssh=node_ssh, node_addresses=dict(entry.node_addresses))
 
 
 def _error(where: Locations, loc: Loc, message: str) -> ConfigError:
@@ -328,11 +579,14 @@ def _first(line: int | None) -> str:
 
 
 def _resolve_groups(
-    model: InventoryModel, where: Locations, drafts: Sequence[_Draft],
+    model: InventoryModel, where: Locations, drafts: Sequence[_Draft], *, strict: bool = True,
+    warnings: list[str] | None = None,
 ) -> dict[str, list[str]]:
     """Each group's members, in definition order. A group may refer only to groups defined above it, so
     membership is computed in one pass with no cycles. Every term must match something: a typo in a
-    group silently dropping targets would be worse than an error."""
+    group silently dropping targets would be worse than an error. With proxmox sources (`strict` off),
+    what a term matches changes as containers start and stop, so a term or group that matches nothing
+    is a warning instead."""
     target_names = {draft.target.name for draft in drafts}
     group_names = list(model.groups)
     so_far: dict[str, list[str]] = {name: [] for name in target_names}
@@ -359,11 +613,16 @@ def _resolve_groups(
                     raise _error(where, entry_loc, f"{term.text!r} refers to group {term.value!r}, "
                                  "which is not defined above this group")
                 if not any(term.matches(target) for target in current):
-                    raise _error(where, entry_loc, f"{term.text!r} matched no targets")
+                    error = _error(where, entry_loc, f"{term.text!r} matched no targets")
+                    if strict or warnings is None:
+                        raise error
+                    warnings.append(str(error))
             terms.extend(parsed)
         chosen = apply_terms(current, terms)
-        if not chosen:
-            raise _error(where, (*group_loc, "targets"), "the exclusions leave this group empty")
+        if not chosen:  # strict: every inclusion matched something, so only exclusions can empty it
+            if strict or warnings is None:
+                raise _error(where, (*group_loc, "targets"), "the exclusions leave this group empty")
+            warnings.append(str(_error(where, (*group_loc, "targets"), "this group is empty")))
         members[group_name] = [target.name for target in chosen]
         for target in chosen:
             so_far[target.name].append(group_name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -12,12 +13,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from fleetfix.fleet import Outcome
     from fleetfix.probing import TargetReport
     from fleetfix.target import Target
-    from fleetfix.transport.base import CommandResult
+    from fleetfix.transport.base import CommandResult, OutputSink, Stream
 
 console = Console(highlight=False, soft_wrap=True)
 err_console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -45,9 +47,12 @@ def target_json(target: Target) -> dict[str, Any]:
     }
 
 
-def render_targets(targets: Sequence[Target], *, as_json: bool) -> None:
+def render_targets(
+    targets: Sequence[Target], *, skipped: Sequence[tuple[str, str]] = (), as_json: bool
+) -> None:
     if as_json:
-        print_json([target_json(t) for t in targets])
+        print_json({"targets": [target_json(t) for t in targets],
+                    "skipped": [{"target": label, "reason": reason} for label, reason in skipped]})
         return
     table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "SOURCE", box=None, pad_edge=False)
     for t in targets:
@@ -58,7 +63,9 @@ def render_targets(targets: Sequence[Target], *, as_json: bool) -> None:
             ",".join(sorted(t.groups)), t.source,
         )))
     console.print(table)
-    console.print(f"{len(targets)} target(s)")
+    for label, reason in skipped:
+        console.print(f"skipped: {escape(label)}: {escape(reason)}")
+    console.print(f"{len(targets)} target(s)" + (f", {len(skipped)} skipped" if skipped else ""))
 
 
 def render_exec(outcomes: Sequence[Outcome[CommandResult]], *, as_json: bool) -> None:
@@ -214,14 +221,67 @@ STATUS_STYLE = {
 }
 
 
-def step_printer(*, verbose: bool) -> Any:
-    """A callback printing each step as it finishes (from worker threads: rich's print is locked)."""
+class LiveOutput:
+    """Scripts' output as it arrives, `target | line` (stderr: `target ! line`), from many targets at once.
+
+    Chunks are cut anywhere, so each (target, stream) keeps its unfinished line until its newline comes:
+    lines of different targets never interleave mid-line. `flush` prints what is left. Thread-safe.
+    """
+
+    def __init__(self, out: Console | None = None) -> None:
+        self._console = out or console
+        self._lock = threading.Lock()  # one lock for buffers and printing: lines come out whole, in order
+        self._partial: dict[tuple[str, Stream], bytes] = {}
+
+    def feed(self, name: str, stream: Stream, chunk: bytes) -> None:
+        with self._lock:
+            *lines, rest = (self._partial.pop((name, stream), b"") + chunk).split(b"\n")
+            if rest:
+                self._partial[(name, stream)] = rest
+            for line in lines:
+                self._print(name, stream, line)
+
+    def sink_for(self, name: str) -> OutputSink:
+        """A transport-level sink (`execute(..., on_output=)`) for the target called name."""
+
+        def sink(stream: Stream, chunk: bytes) -> None:
+            self.feed(name, stream, chunk)
+
+        return sink
+
+    def on_output(self, target: Target, step: str, stream: Stream, chunk: bytes) -> None:
+        """The `run_playbook(on_output=)` handler."""
+        self.feed(target.name, stream, chunk)
+
+    def flush(self, name: str | None = None) -> None:
+        """Print the unfinished lines (of one target, or of all) as if their newline had come."""
+        with self._lock:
+            for key in [key for key in self._partial if name is None or key[0] == name]:
+                self._print(*key, self._partial.pop(key))
+
+    def _print(self, name: str, stream: Stream, line: bytes) -> None:
+        # Text, not markup: nothing a script prints can style (or break) the terminal output.
+        text = line.rstrip(b"\r").decode(errors="replace")  # whole lines: no UTF-8 sequence is cut
+        if stream == "stdout":
+            self._console.print(Text.assemble((name, "bold"), " | ", text))
+        else:
+            self._console.print(Text.assemble((name, "bold"), " ! ", (text, "dim")))
+
+
+def step_printer(*, verbose: bool, live: LiveOutput | None = None) -> Any:
+    """A callback printing each step as it finishes (from worker threads: rich's print is locked).
+    With live output, the step's output was already streamed: its unfinished line is flushed first."""
 
     def on_step(target: Target, step: Any) -> None:
+        if live is not None:
+            live.flush(target.name)
+            verbose_replay = False
+        else:
+            verbose_replay = verbose
         style = STATUS_STYLE.get(step.status, "")
         console.print(f"[{style}]{step.status:<12}[/] {escape(target.name)}: {escape(step.name)}"
                       + (f" — {escape(step.reason)}" if step.reason else ""))
-        if verbose and step.status in ("failed", "changed") and (step.stdout or step.stderr):
+        if verbose_replay and step.status in ("failed", "changed") and (step.stdout or step.stderr):
             for line in (step.stdout + step.stderr).rstrip().splitlines()[-40:]:
                 console.print(f"    {escape(line)}")
 

@@ -26,7 +26,7 @@ from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder, mask_vars, secret_values
 from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
 from fleetfix.target import Target
-from fleetfix.transport.base import CommandResult, Transport, run_script
+from fleetfix.transport.base import CommandResult, OutputSink, Stream, Transport, run_script
 
 StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
 TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]
@@ -34,6 +34,9 @@ Phase = Literal["check", "apply", "verify"]
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
+# on_output(target, step name, "stdout" | "stderr", chunk): a script's output as it arrives. Called from
+# worker (and reader) threads, for many targets at once: the handler must be thread-safe.
+StepOutputHandler = Callable[[Target, str, Stream, bytes], None]
 
 
 # --- results ---------------------------------------------------------------------------------------
@@ -219,10 +222,12 @@ class _StepRunner:
     """Runs one planned step on one target. Kept small: one method per part of the protocol."""
 
     def __init__(self, plan: TargetPlan, play: PlannedPlay, planned: PlannedStep, transport: Transport,
-                 recorder: Recorder, registered: Mapping[str, Any], sleep: Callable[[float], None]) -> None:
+                 recorder: Recorder, registered: Mapping[str, Any], sleep: Callable[[float], None],
+                 on_output: StepOutputHandler | None = None) -> None:
         self.plan, self.play, self.planned = plan, play, planned
         self.step = planned.compiled.step
         self.transport, self.recorder, self.registered, self.sleep = transport, recorder, registered, sleep
+        self.on_output = on_output
         self.runs: list[ScriptRun] = []
         self.started = time.monotonic()
 
@@ -249,7 +254,7 @@ class _StepRunner:
         started = time.monotonic()
         error: str | None = None
         try:
-            result = run_script(self.transport, script, timeout=self.step.timeout)
+            result = run_script(self.transport, script, timeout=self.step.timeout, on_output=self._sink())
         except CommandTimeoutError as exc:  # the step's own timeout: a failed step, not a lost target
             result = CommandResult(-1, "", str(exc), time.monotonic() - started, timed_out=True)
         except TransportError as exc:
@@ -264,6 +269,18 @@ class _StepRunner:
         self.recorder.event("script-end", **where, rc=run.rc, stdout=run.stdout, stderr=run.stderr,
                             duration=run.duration, timed_out=run.timed_out, error=None)
         return run
+
+    def _sink(self) -> OutputSink | None:
+        """The transport-level sink for this step's scripts: on_output with the target and step bound."""
+        handler = self.on_output
+        if handler is None:
+            return None
+        target, name = self.plan.target, self.step.name
+
+        def sink(stream: Stream, chunk: bytes) -> None:
+            handler(target, name, stream, chunk)
+
+        return sink
 
     def run(self, *, check_mode: bool, would_change_before: bool) -> StepResult:
         if self.planned.skip_reason is not None:
@@ -348,7 +365,7 @@ def _target_status(steps: Sequence[StepResult]) -> TargetStatus:
 def run_target(
     plan: TargetPlan, transport: Transport, *, check: bool, recorder: Recorder | None = None,
     on_step: Callable[[Target, StepResult], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep,
+    sleep: Callable[[float], None] = time.sleep, on_output: StepOutputHandler | None = None,
 ) -> TargetRun:
     """Run a planned target's steps in order. Never raises for a target's own failures."""
     recorder = recorder or NullRecorder()
@@ -357,7 +374,7 @@ def run_target(
     status: TargetStatus | None = None
     reason = ""
     try:
-        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results)
+        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results, on_output)
     except _TargetLost as lost:
         _record_step(recorder, plan.target, lost.result, on_step)
         results.append(lost.result)
@@ -371,14 +388,14 @@ def run_target(
 def _run_plays(
     plan: TargetPlan, transport: Transport, check: bool, recorder: Recorder,
     on_step: Callable[[Target, StepResult], None] | None, sleep: Callable[[float], None],
-    results: list[StepResult],
+    results: list[StepResult], on_output: StepOutputHandler | None = None,
 ) -> str:
     """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
     would_change = False
     for play in plan.plays:
         registered: dict[str, Any] = {}
         for planned in play.steps:
-            runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep)
+            runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep, on_output)
             result = runner.run(check_mode=check, would_change_before=would_change)
             _record_step(recorder, plan.target, result, on_step)
             results.append(result)
@@ -452,9 +469,11 @@ def run_playbook(
     serial: int | None = None,
     max_fail_pct: float | None = None,
     on_step: Callable[[Target, StepResult], None] | None = None,
+    on_output: StepOutputHandler | None = None,
 ) -> PlaybookRun:
     """Plan every target, then run them (in batches of `serial`); stop starting new batches once more
-    than `max_fail_pct` percent of all targets have failed or were unreachable."""
+    than `max_fail_pct` percent of all targets have failed or were unreachable. on_output sees every
+    script's output live (not fact gathering's)."""
     recorder = recorder or NullRecorder()
     started = time.monotonic()
     chain = [compile_playbook(book) for book in playbook.chain()]
@@ -504,7 +523,7 @@ def run_playbook(
         aborted = _run_batches(
             [target for target in targets if target.name in plans], len(targets), plans, finished,
             fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
-            max_fail_pct=max_fail_pct, on_step=on_step)
+            max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output)
 
     run = PlaybookRun(
         playbook=playbook.name, check=check,
@@ -521,12 +540,14 @@ def _run_batches(
     finished: dict[str, TargetRun], *, fleet_map: FleetMap, check: bool, recorder: Recorder,
     serial: int | None, max_fail_pct: float | None,
     on_step: Callable[[Target, StepResult], None] | None,
+    on_output: StepOutputHandler | None = None,
 ) -> str | None:
     size = serial if serial and serial > 0 else max(len(runnable), 1)
     batches = [runnable[start:start + size] for start in range(0, len(runnable), size)]
 
     def run_one(target: Target, transport: Transport) -> TargetRun:
-        return run_target(plans[target.name], transport, check=check, recorder=recorder, on_step=on_step)
+        return run_target(plans[target.name], transport, check=check, recorder=recorder, on_step=on_step,
+                          on_output=on_output)
 
     for number, batch in enumerate(batches):
         for outcome in fleet_map(batch, run_one):

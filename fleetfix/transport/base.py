@@ -8,14 +8,20 @@ mapped from library errors at the seam.
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 from fleetfix.errors import CommandFailedError
 
 # POSIX sh reads the script from stdin: no quoting layers, no argument-length limit.
 SHELL_STDIN: tuple[str, ...] = ("/bin/sh", "-s")
+
+Stream = Literal["stdout", "stderr"]
+# Called with ("stdout" | "stderr", chunk) as output arrives, from the thread running the command (or a
+# reader thread of it). Chunks are raw bytes, cut anywhere (even inside a line or a UTF-8 sequence); the
+# CommandResult still carries the whole output.
+OutputSink = Callable[[Stream, bytes], None]
 
 
 @dataclass(frozen=True)
@@ -45,15 +51,21 @@ class Transport(Protocol):
     label: str
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
-        """Run argv (no shell on our side) with stdin; return its exit code and output."""
+        """Run argv (no shell on our side) with stdin; return its exit code and output. on_output, if
+        given, also sees the output live, chunk by chunk."""
         ...
 
 
-def run_script(transport: Transport, script: str, *, timeout: float | None = None) -> CommandResult:
-    """Run a POSIX sh script on the target, sent on stdin."""
-    return transport.execute(SHELL_STDIN, stdin=script.encode(), timeout=timeout)
+def run_script(
+    transport: Transport, script: str, *, timeout: float | None = None, on_output: OutputSink | None = None
+) -> CommandResult:
+    """Run a POSIX sh script on the target, sent on stdin (its output also streamed to on_output)."""
+    if on_output is None:  # the plain call, so transports written before streaming keep working
+        return transport.execute(SHELL_STDIN, stdin=script.encode(), timeout=timeout)
+    return transport.execute(SHELL_STDIN, stdin=script.encode(), timeout=timeout, on_output=on_output)
 
 
 def put_file(

@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fleetfix.transport.base import SHELL_STDIN, CommandResult, command_line
+from fleetfix.transport.base import SHELL_STDIN, CommandResult, OutputSink, command_line
 
 Responder = Callable[["FakeCall"], CommandResult]
 
@@ -85,8 +85,19 @@ class FakeTransport:
         return self
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
+        """The scripted result; on_output gets its stdout, then its stderr, each as one chunk."""
+        result = self._respond(argv, stdin, timeout)
+        if on_output is not None:
+            if result.stdout:
+                on_output("stdout", result.stdout.encode())
+            if result.stderr:
+                on_output("stderr", result.stderr.encode())
+        return result
+
+    def _respond(self, argv: Sequence[str], stdin: bytes, timeout: float | None) -> CommandResult:
         call = FakeCall(tuple(argv), stdin, timeout)
         with self._lock:
             self.calls.append(call)

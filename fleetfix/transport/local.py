@@ -2,6 +2,9 @@
 
 The command runs in a new session (its own process group), so a timeout kills it and everything it
 started with one `killpg`, as the remote watchdog does over SSH.
+
+With an output sink, stdout and stderr are read by two threads (and stdin written by a third) instead of
+`communicate()`, so each chunk reaches the sink as the command writes it.
 """
 
 from __future__ import annotations
@@ -10,12 +13,17 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Sequence
+from typing import IO
 
-from fleetfix.transport.base import CommandResult
+from fleetfix.transport.base import CommandResult, OutputSink, Stream
 
 TIMEOUT_EXIT_CODE = 124
+# After a kill, how long to wait for the pipes to close: children that left the group may hold them.
+DRAIN_SECONDS = 5.0
+_CHUNK = 65536
 
 
 class LocalTransport:
@@ -24,7 +32,8 @@ class LocalTransport:
         self.env = env  # None: inherit this process's environment
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         if not argv:
             raise ValueError("empty argv")
@@ -40,7 +49,10 @@ class LocalTransport:
             return CommandResult(126, "", f"{argv[0]}: permission denied\n", time.monotonic() - started)
         timed_out = False
         try:
-            out, err = process.communicate(stdin, timeout=timeout)
+            if on_output is not None:
+                out, err, timed_out = _run_streaming(process, stdin, timeout, on_output)
+            else:
+                out, err = process.communicate(stdin, timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
             _kill_group(process.pid)
@@ -63,6 +75,54 @@ class LocalTransport:
             code, out.decode(errors="replace"), err.decode(errors="replace"),
             time.monotonic() - started, timed_out=timed_out,
         )
+
+
+def _run_streaming(
+    process: subprocess.Popen[bytes], stdin: bytes, timeout: float | None, on_output: OutputSink
+) -> tuple[bytes, bytes, bool]:
+    """communicate() with live output: (stdout, stderr, timed_out). On timeout the group is killed here."""
+    assert process.stdin is not None and process.stdout is not None and process.stderr is not None
+    collected: dict[Stream, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    lock = threading.Lock()  # a reader may still append while an abandoned pipe is snapshotted below
+
+    def pump(stream: Stream, pipe: IO[bytes]) -> None:
+        # os.read returns what is there as soon as anything is: no waiting for a full buffer.
+        while chunk := os.read(pipe.fileno(), _CHUNK):
+            with lock:
+                collected[stream] += chunk
+            on_output(stream, chunk)
+
+    threads = [
+        threading.Thread(target=_feed, args=(process.stdin, stdin), daemon=True),
+        threading.Thread(target=pump, args=("stdout", process.stdout), daemon=True),
+        threading.Thread(target=pump, args=("stderr", process.stderr), daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    timed_out = False
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _kill_group(process.pid)
+        process.wait()
+    # Like communicate(): read to EOF. After a kill, do not wait forever for children that left the group.
+    drain_until = time.monotonic() + DRAIN_SECONDS if timed_out else None
+    for thread, pipe in ((threads[1], process.stdout), (threads[2], process.stderr)):
+        thread.join(None if drain_until is None else max(0.0, drain_until - time.monotonic()))
+        if not thread.is_alive():  # a reader still blocked keeps its pipe (closing it under it is unsafe)
+            pipe.close()
+    with lock:
+        return bytes(collected["stdout"]), bytes(collected["stderr"]), timed_out
+
+
+def _feed(pipe: IO[bytes], data: bytes) -> None:
+    """Write stdin then close it (EOF); a command that exits without reading it all is not an error."""
+    with contextlib.suppress(OSError):
+        if data:
+            pipe.write(data)
+    with contextlib.suppress(OSError):
+        pipe.close()
 
 
 def _kill_group(pid: int) -> None:

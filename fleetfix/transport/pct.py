@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 
 from fleetfix.errors import ContainerError
-from fleetfix.transport.base import CommandResult, Transport
+from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
 CONTAINER_ENV: tuple[str, ...] = (
@@ -73,17 +73,23 @@ class PctTransport:
         self.label = label or f"{self.node_name}/{ctid}"
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
-        """Raises ContainerError when the CT is stopped or missing; otherwise the command's own result."""
+        """Raises ContainerError when the CT is stopped or missing; otherwise the command's own result.
+        on_output sees the node's stream as is (pct's own errors included, when the CT is not running)."""
         if not argv:
             raise ValueError("empty argv")
         # The node side gets a later deadline: the watchdog inside the CT fires first and reaches the
         # command's process group there; the node's own watchdog is only the backstop.
         node_timeout = None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
-        result = self.connection.execute(
-            pct_exec_argv(self.ctid, argv, timeout), stdin=stdin, timeout=node_timeout
-        )
+        node_argv = pct_exec_argv(self.ctid, argv, timeout)
+        if on_output is None:  # the plain call: node connections written before streaming keep working
+            result = self.connection.execute(node_argv, stdin=stdin, timeout=node_timeout)
+        else:
+            result = self.connection.execute(
+                node_argv, stdin=stdin, timeout=node_timeout, on_output=on_output
+            )
         error = container_error(result, self.ctid, self.node_name)
         if error is not None:
             raise error

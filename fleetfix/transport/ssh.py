@@ -40,7 +40,7 @@ from fleetfix.errors import (
     TransportError,
 )
 from fleetfix.target import SSHSettings
-from fleetfix.transport.base import CommandResult, command_line
+from fleetfix.transport.base import CommandResult, OutputSink, command_line
 from fleetfix.transport.hostkeys import KnownHosts, known_hosts_name
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
@@ -255,9 +255,11 @@ class SSHConnection:
     # -- commands -------------------------------------------------------------------------------------
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
-        """Run argv on the node (quoted once, here). Opens the connection on first use.
+        """Run argv on the node (quoted once, here). Opens the connection on first use. on_output sees
+        each chunk as it is received.
 
         With a timeout, the command runs under the remote watchdog (see `remote.py`), so a timed-out
         command is killed on the node, and the result has timed_out=True and exit code 124.
@@ -267,14 +269,15 @@ class SSHConnection:
         with self._channel_slots:
             started = time.monotonic()
             try:
-                return self._run(line, stdin, timeout, started, argv[0])
+                return self._run(line, stdin, timeout, started, argv[0], on_output)
             except FleetfixError:
                 raise
             except (SSHException, EOFError, OSError) as error:
                 raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
 
     def _run(
-        self, line: str, stdin: bytes, timeout: float | None, started: float, program: str
+        self, line: str, stdin: bytes, timeout: float | None, started: float, program: str,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         transport = self._transport
         if transport is None or not transport.is_active():
@@ -294,7 +297,7 @@ class SSHConnection:
             channel.exec_command(line)
             writer = _send_stdin(channel, stdin)
             deadline = None if timeout is None else started + timeout
-            out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace)
+            out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace, on_output)
         finally:
             channel.close()
             if writer is not None:
@@ -341,19 +344,26 @@ def _send_all_then_eof(channel: paramiko.Channel, data: bytes) -> None:
 
 
 def _collect(
-    channel: paramiko.Channel, wakeup: int, deadline: float | None, grace: float
+    channel: paramiko.Channel, wakeup: int, deadline: float | None, grace: float,
+    on_output: OutputSink | None = None,
 ) -> tuple[bytes, bytes, bool]:
-    """Read stdout and stderr as they come until EOF and exit status; False as the third value when the
-    deadline (plus grace for the remote kill to land) passed first."""
+    """Read stdout and stderr as they come (each chunk also to on_output) until EOF and exit status;
+    False as the third value when the deadline (plus grace for the remote kill to land) passed first."""
     out, err = bytearray(), bytearray()
     poller = select.poll()
     poller.register(wakeup, select.POLLIN)
     give_up = None if deadline is None else deadline + grace
     while True:
         while channel.recv_ready():
-            out += channel.recv(_CHUNK)
+            chunk = channel.recv(_CHUNK)
+            out += chunk
+            if on_output is not None and chunk:
+                on_output("stdout", chunk)
         while channel.recv_stderr_ready():
-            err += channel.recv_stderr(_CHUNK)
+            chunk = channel.recv_stderr(_CHUNK)
+            err += chunk
+            if on_output is not None and chunk:
+                on_output("stderr", chunk)
         if channel.closed or (channel.eof_received and channel.status_event.is_set()):
             return bytes(out), bytes(err), True
         remaining = None if give_up is None else give_up - time.monotonic()
@@ -414,9 +424,10 @@ class SSHTransport:
         self.label = label or connection.label
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
-        return self.connection.execute(argv, stdin=stdin, timeout=timeout)
+        return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
 
 
 def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS) -> SSHConnection:

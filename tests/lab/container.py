@@ -60,7 +60,10 @@ _HIDDEN_GLOBS = (
     "etc/alternatives/cuda*",
 )
 # Directories replaced by empty opaque ones (so the host's contents disappear).
-_OPAQUE_DIRS = ("etc/apt/sources.list.d", "var/lib/apt/lists", "root", "tmp")
+# dist-packages too: pip installs of this machine's Debian python must not leak into containers.
+_OPAQUE_DIRS = (
+    "etc/apt/sources.list.d", "var/lib/apt/lists", "root", "tmp", "usr/local/lib/python3.11/dist-packages",
+)
 
 # The container's init, run as PID 1 of the new PID namespace by `unshare --fork`.
 # $1 upper, $2 work, $3 mount point, $4 hostname. Prints "ready <host pid>" once the mounts are up.
