@@ -92,10 +92,13 @@ echo "$NAME" > /proc/sys/kernel/hostname
 # The host's /proc is still mounted at /proc here: `read` is a builtin, so /proc/self is this shell,
 # and the first field is its PID as this machine sees it (inside the namespace it is 1).
 read -r host_pid _ < /proc/self/stat
-echo "ready $host_pid"
-exec </dev/null >/dev/null
+exec </dev/null
+# "ready" is printed only from inside the chroot: until then /proc/PID/root is this machine's own /, and a
+# write or nsenter --root through it would land on the host.
 # PID 1: idle and reap whatever gets reparented to us (dash's `wait` reaps any child).
-exec chroot "$M" /bin/sh -c 'trap "exit 0" TERM; while :; do sleep 2147483647 & wait; done'
+exec chroot "$M" /bin/sh -c '
+    echo "ready $1"; exec >/dev/null
+    trap "exit 0" TERM; while :; do sleep 2147483647 & wait; done' sh "$host_pid"
 """
 
 
@@ -422,10 +425,23 @@ class Container:
         return result
 
     def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None:
-        """Create a file inside the container (parents too), running or stopped."""
-        target = self.root_path / path.lstrip("/")
+        """Create a file inside the container (parents too), running or stopped.
+
+        A running container writes from inside (nsenter), so symlinks resolve against the container's root
+        and a stale PID 1 can never point the write at this machine's own files. A stopped one writes into
+        its upper dir, refusing any symlink on the way."""
+        payload = data.encode() if isinstance(data, str) else data
+        if self.running:
+            script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
+            self.exec(["/bin/sh", "-c", script, "sh", path, format(mode, "o")], input=payload, check=True)
+            return
+        target = self.upper_dir / path.lstrip("/")
+        relative = target.relative_to(self.upper_dir)
+        for part in [*reversed(relative.parents), relative]:
+            if (self.upper_dir / part).is_symlink():
+                raise ContainerError(f"refusing to write {path} through a symlink in a stopped CT")
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(data.encode() if isinstance(data, str) else data)
+        target.write_bytes(payload)
         target.chmod(mode)
 
     # -- snapshots (a snapshot is a copy of the upper dir plus a config section, as PVE keeps it) ----
