@@ -20,6 +20,7 @@ def test_docs_cli_md_is_generated_from_the_current_commands() -> None:
 def test_every_command_is_documented_with_an_example() -> None:
     text = generated()
     for command in ("fleetfix exec", "fleetfix probe", "fleetfix apply", "fleetfix inventory list",
-                    "fleetfix runs list", "fleetfix runs show", "fleetfix audit", "fleetfix schedule install"):
+                    "fleetfix runs list", "fleetfix runs show", "fleetfix audit",
+                    "fleetfix schedule install"):
         section = text.split(f"## `{command}`", 1)[1].split("## `", 1)[0]
         assert "Example" in section, command
