@@ -8,9 +8,14 @@ Exit codes (also in docs/cli.md):
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from types import FrameType
 from typing import Any, TypeVar
 
 import click
@@ -94,21 +99,83 @@ def _override_ssh(target: Any, *, accept_new: bool, known_hosts: str | None) -> 
     return dataclasses.replace(target, node=node)
 
 
+class InterruptState:
+    """How many Ctrl-Cs (SIGINT) arrived while a command ran."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.count > 0
+
+
+def _say(message: str) -> None:
+    # os.write, not click.echo: this runs in a signal handler, possibly in the middle of another write to
+    # a buffered stream, which Python refuses to re-enter.
+    os.write(2, (message + "\n").encode())
+
+
+@contextlib.contextmanager
+def graceful_interrupts() -> Iterator[InterruptState]:
+    """Ctrl-C while a command runs.
+
+    First: if a Fleet is working, it starts no more targets and lets the ones in flight finish (or time
+    out), so the command still writes its records and prints its recap; the command then exits 130. With
+    no Fleet open there is nothing to finish: KeyboardInterrupt, exit 130.
+    Second: abort at once (os._exit). Records stay consistent without any clean-up: run records are
+    append-only and fsync'ed per event, and audit results are one SQLite transaction each, so a run
+    without its end event reads back as incomplete.
+    """
+    state = InterruptState()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield state
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        state.count += 1
+        if state.count > 1:
+            _say("fleetfix: aborted (second Ctrl-C)")
+            os._exit(EXIT_INTERRUPTED)
+        fleet_module = sys.modules.get("fleetfix.fleet")  # not imported: no Fleet can be working
+        if fleet_module is not None and fleet_module.interrupt_all():
+            _say("fleetfix: interrupted: starting no new targets, waiting for the ones in flight "
+                 "(Ctrl-C again to abort now)")
+            return
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def handle_errors(func: F) -> F:
-    """Expected failures become one line on stderr and their exit code; -v keeps the traceback."""
+    """Expected failures become one line on stderr and their exit code; -v keeps the traceback.
+    Ctrl-C is handled as `graceful_interrupts` says: exit 130 once the command has wrapped up."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except FleetfixError as exc:
-            if click.get_current_context().find_root().params.get("verbose"):
-                raise
-            click.echo(f"fleetfix: error: {exc}", err=True)
-            sys.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("fleetfix: interrupted", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+        with graceful_interrupts() as interrupts:
+            try:
+                result = func(*args, **kwargs)
+            except FleetfixError as exc:
+                if click.get_current_context().find_root().params.get("verbose"):
+                    raise
+                click.echo(f"fleetfix: error: {exc}", err=True)
+                sys.exit(EXIT_INTERRUPTED if interrupts.interrupted else exc.exit_code)
+            except KeyboardInterrupt:
+                click.echo("fleetfix: interrupted", err=True)
+                sys.exit(EXIT_INTERRUPTED)
+            except SystemExit:
+                if not interrupts.interrupted:
+                    raise
+                result = None
+            if interrupts.interrupted:  # the command wrapped up after a Ctrl-C: say so in the exit code
+                click.echo("fleetfix: interrupted", err=True)
+                sys.exit(EXIT_INTERRUPTED)
+            return result
 
     return wrapper  # type: ignore[return-value]
 
@@ -229,30 +296,49 @@ def parse_var(values: Sequence[str]) -> dict[str, str]:
               help="Stop starting new batches once more than PCT% of targets failed.")
 @click.option("--state-dir", type=click.Path(file_okay=False), default=None,
               help="Where run records go (default: $FLEETFIX_STATE_DIR or ~/.local/state/fleetfix).")
+@click.option("--snapshot", is_flag=True,
+              help="`pct snapshot` each container before its first change (never in --check mode).")
+@click.option("--rollback-on-failure", is_flag=True,
+              help="`pct rollback` a container whose apply failed (implies --snapshot).")
+@click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
+              help="Keep only the N newest fleetfix-* snapshots per container (implies --snapshot).")
+@click.option("--allow-no-snapshot", is_flag=True,
+              help="Change containers whose storage cannot snapshot (and nodes) anyway.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
 def apply_command(
     playbook_path: str, var_items: tuple[str, ...], check: bool, serial: int | None,
-    max_fail: float | None, state_dir: str | None, as_json: bool, **opts: Any,
+    max_fail: float | None, state_dir: str | None, snapshot: bool, rollback_on_failure: bool,
+    keep_snapshots: int | None, allow_no_snapshot: bool, as_json: bool, **opts: Any,
 ) -> None:
     """Apply a playbook to targets: ordered, idempotent steps; a recap per target at the end.
+
+    With --snapshot (or `snapshot: true` in the playbook) each container is snapshotted on its node
+    right before its first change; see docs/snapshots.md.
 
     \b
     Examples:
       fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --check
       fleetfix apply playbooks/cuda-toolkit.yaml --host 10.1.2.6 --ct 200 \\
           --var cuda_repo_base=http://mirror.internal/compute/cuda/repos
+      fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --snapshot --rollback-on-failure
     """
     from fleetfix.fleet import Fleet
     from fleetfix.output import LiveOutput, render_apply, step_printer
     from fleetfix.playbook import RunRecorder, default_state_dir, load_playbook, run_playbook
+    from fleetfix.playbook.records import Redactor
     from fleetfix.probing import gather_facts
+    from fleetfix.snapshots import SnapshotPolicy
 
     playbook = load_playbook(playbook_path)
+    snapshots = SnapshotPolicy(
+        take=snapshot or rollback_on_failure or keep_snapshots is not None,
+        rollback_on_failure=rollback_on_failure, keep=keep_snapshots, allow_no_snapshot=allow_no_snapshot)
     variables = parse_var(var_items)
     targets = resolve_targets(**opts)
     verbose = bool(click.get_current_context().find_root().params.get("verbose"))
-    live = LiveOutput() if verbose and not as_json else None  # -v: stream every script's output
+    redactor = Redactor()  # secret-named vars: masked in everything printed, live lines included
+    live = LiveOutput(redact=redactor.text) if verbose and not as_json else None  # -v: stream output
     with (
         Fleet(forks=opts["forks"]) as fleet,
         RunRecorder(state_dir or default_state_dir()) as recorder,
@@ -263,6 +349,7 @@ def apply_command(
             vars=variables, check=check, recorder=recorder, serial=serial, max_fail_pct=max_fail,
             on_step=None if as_json else step_printer(verbose=verbose, live=live),
             on_output=None if live is None else live.on_output,
+            snapshots=snapshots, node_for=fleet.node_transport, redactor=redactor,
         )
     if live is not None:
         live.flush()

@@ -45,6 +45,9 @@ class ConfigError(FleetfixError):
         super().__init__(self._format())
 
     def _format(self) -> str:
+        # One line, always: a hostile key (a newline in a YAML key) must not forge lines of output.
+        if self.field and not self.field.isprintable():
+            self.field = repr(self.field)
         where = ""
         if self.path:
             where = self.path + (f":{self.line}" if self.line else "")

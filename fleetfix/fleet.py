@@ -7,7 +7,11 @@ Shape of a run (`Fleet.map`):
   "unreachable" with the same one-line reason, after one attempt;
 - a node's targets run concurrently, at most `channels_per_node` at a time (the connection's channel limit
   enforces the same bound for anything else running on it, such as node facts);
-- one target's failure never stops the others; results come back in input order.
+- one target's failure never stops the others; results come back in input order;
+- `interrupt()` (the CLI calls it on the first Ctrl-C, through `interrupt_all`) stops the Fleet from
+  starting any more targets, in this map and every later one: targets not yet started come back
+  "failed" with a `Interrupted` error, targets already running finish (their own timeouts still apply),
+  so the caller can write its records and print its recap.
 
 paramiko is imported only when the first SSH connection is made (the default connector), so importing this
 module stays cheap for `--help` and for tests with a fake connector.
@@ -18,11 +22,12 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from fleetfix.errors import ContainerError, FleetfixError
 from fleetfix.target import SSHSettings, Target
@@ -80,6 +85,28 @@ class UnexpectedError(FleetfixError):
     """A bug surfaced while working on one target; kept per target so the run goes on."""
 
 
+class Interrupted(FleetfixError):
+    """The target was never started: the run was interrupted (Ctrl-C) first."""
+
+    exit_code: ClassVar[int] = 130
+
+
+# Every Fleet not yet closed, so a signal handler can reach the ones doing work (weak: a Fleet that is
+# dropped without close() must not be kept alive by this).
+_live_fleets: weakref.WeakSet[Fleet] = weakref.WeakSet()
+_live_fleets_lock = threading.Lock()
+
+
+def interrupt_all() -> int:
+    """Interrupt every open Fleet (see `Fleet.interrupt`); returns how many there were. Safe to call from a
+    signal handler: it only sets events."""
+    with _live_fleets_lock:
+        fleets = list(_live_fleets)
+    for fleet in fleets:
+        fleet.interrupt()
+    return len(fleets)
+
+
 class Fleet:
     def __init__(
         self, *, forks: int = DEFAULT_FORKS, channels_per_node: int = DEFAULT_CHANNELS_PER_NODE,
@@ -92,6 +119,19 @@ class Fleet:
         self._connect = connect or self._connect_ssh
         self._slots: dict[Hashable, _NodeSlot] = {}
         self._slots_lock = threading.Lock()
+        self._interrupted = threading.Event()
+        with _live_fleets_lock:
+            _live_fleets.add(self)
+
+    # -- interruption ---------------------------------------------------------------------------------
+
+    def interrupt(self) -> None:
+        """Start no more targets (in-flight ones finish). Irreversible for this Fleet."""
+        self._interrupted.set()
+
+    @property
+    def interrupted(self) -> bool:
+        return self._interrupted.is_set()
 
     # -- transports -----------------------------------------------------------------------------------
 
@@ -146,10 +186,17 @@ class Fleet:
             by_node.setdefault(_node_key(target), []).append(index)
 
         def run_one(index: int) -> None:
+            if self._interrupted.is_set():  # checked per target: in-flight ones are left to finish
+                outcomes[index] = self._not_started(targets[index], on_event)
+                return
             outcomes[index] = self._run_target(targets[index], fn, on_event)
 
         def run_node(indices: list[int]) -> None:
             first = targets[indices[0]]
+            if self._interrupted.is_set():  # do not even connect
+                for index in indices:
+                    run_one(index)
+                return
             # Connect once, before fanning out. A failure is cached in the node's slot and each target
             # below reports it as unreachable.
             with contextlib.suppress(FleetfixError):
@@ -167,6 +214,12 @@ class Fleet:
             with ThreadPoolExecutor(min(self.forks, len(groups))) as pool:
                 list(pool.map(run_node, groups))  # list(): re-raise a bug in an on_event handler
         return [outcome for outcome in outcomes if outcome is not None]
+
+    def _not_started(self, target: Target, on_event: EventHandler | None) -> Outcome[Any]:
+        outcome: Outcome[Any] = Outcome(target, "failed", error=Interrupted("interrupted: not started"))
+        if on_event:
+            on_event(outcome.status, target, str(outcome.error))
+        return outcome
 
     def _run_target(
         self, target: Target, fn: Callable[[Target, Transport], R], on_event: EventHandler | None
@@ -189,6 +242,8 @@ class Fleet:
 
     def close(self) -> None:
         """Close every node connection (the next use reconnects)."""
+        with _live_fleets_lock:
+            _live_fleets.discard(self)
         with self._slots_lock:
             slots, self._slots = list(self._slots.values()), {}
         for slot in slots:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,16 @@ if TYPE_CHECKING:
     from fleetfix.target import Target
     from fleetfix.transport.base import CommandResult, OutputSink, Stream
 
-console = Console(highlight=False, soft_wrap=True)
-err_console = Console(stderr=True, highlight=False, soft_wrap=True)
+def _console(*, stderr: bool = False) -> Console:
+    # Off a terminal rich assumes 80 columns and truncates table cells ("…"): a run id piped to a file
+    # could not be copied back into `runs show`. Use the terminal's width, or a wide page when piped.
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() or os.environ.get("COLUMNS") else 200
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", "healthy": "green"}
 
@@ -228,8 +237,9 @@ class LiveOutput:
     lines of different targets never interleave mid-line. `flush` prints what is left. Thread-safe.
     """
 
-    def __init__(self, out: Console | None = None) -> None:
+    def __init__(self, out: Console | None = None, *, redact: Callable[[str], str] | None = None) -> None:
         self._console = out or console
+        self._redact = redact or (lambda text: text)  # secret vars never reach the terminal
         self._lock = threading.Lock()  # one lock for buffers and printing: lines come out whole, in order
         self._partial: dict[tuple[str, Stream], bytes] = {}
 
@@ -261,7 +271,7 @@ class LiveOutput:
 
     def _print(self, name: str, stream: Stream, line: bytes) -> None:
         # Text, not markup: nothing a script prints can style (or break) the terminal output.
-        text = line.rstrip(b"\r").decode(errors="replace")  # whole lines: no UTF-8 sequence is cut
+        text = self._redact(line.rstrip(b"\r").decode(errors="replace"))  # whole lines: no cut UTF-8
         if stream == "stdout":
             self._console.print(Text.assemble((name, "bold"), " | ", text))
         else:
@@ -300,6 +310,16 @@ def render_apply(run: Any, *, as_json: bool) -> None:
             for step in failed[:1]:
                 for line in (step.stdout + step.stderr).rstrip().splitlines()[-15:]:
                     console.print(f"    {escape(line)}")
+        snapshot = getattr(target_run, "snapshot", None)
+        if snapshot is not None:
+            if snapshot.rolled_back:
+                console.print(f"[yellow]rolled back[/] {escape(target_run.target)} "
+                              f"to {escape(snapshot.name)}")
+            elif snapshot.rollback_error is not None:
+                console.print(f"[bold red]rollback failed[/] {escape(target_run.target)}: "
+                              f"{escape(snapshot.rollback_error)} (snapshot {escape(snapshot.name)} kept)")
+            for warning in snapshot.warnings:
+                console.print(f"[yellow]warning[/] {escape(target_run.target)}: {escape(warning)}")
     if run.aborted:
         console.print(f"[bold red]aborted[/]: {escape(run.aborted)}")
     if run.error:

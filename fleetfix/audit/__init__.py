@@ -4,6 +4,8 @@
     with AuditStore(default_db_path()) as store, Fleet() as fleet:
         run = run_audit(fleet, targets, policy=policy, store=store)
     run.drift.new_findings, run.exit_code           # reports: fleetfix.audit.report
+    after = remediate_audit(run, targets, playbook="playbooks/cuda-toolkit.yaml", apply=..., check=False,
+                            fleet=fleet, policy=policy, store=store)   # see fleetfix.audit.remediate
 
 Exit codes (for cron and systemd): 0 every target probed and no error-severity finding; 3 at least
 one error-severity finding; 4 at least one target unreachable or not probed (wins over 3, as for
@@ -19,7 +21,15 @@ from typing import Any
 
 from fleetfix.audit.drift import Drift, compute_drift
 from fleetfix.audit.model import RunInfo, StoredRun, TargetResult
-from fleetfix.audit.policy import DEFAULT_POLICY, Policy, evaluate, load_policy, with_required_extensions
+from fleetfix.audit.policy import (
+    DEFAULT_POLICY,
+    Policy,
+    evaluate,
+    load_policy,
+    with_required_extensions,
+    with_staleness,
+)
+from fleetfix.audit.remediate import ApplyPlaybook, Remediation, apply_to_failing
 from fleetfix.audit.store import AuditStore, default_db_path
 from fleetfix.fleet import Fleet
 from fleetfix.probing import TargetReport, probe_targets
@@ -33,12 +43,14 @@ __all__ = [
     "AuditStore",
     "Drift",
     "Policy",
+    "Remediation",
     "RunInfo",
     "StoredRun",
     "TargetResult",
     "default_db_path",
     "load_audit",
     "load_policy",
+    "remediate_audit",
     "run_audit",
 ]
 
@@ -59,6 +71,11 @@ class AuditRun:
         return self.run.targets
 
     @property
+    def remediation(self) -> Remediation | None:
+        data = self.run.info.remediation
+        return None if data is None else Remediation.from_json(data)
+
+    @property
     def exit_code(self) -> int:
         if any(not result.reachable for result in self.targets):
             return EXIT_UNREACHABLE
@@ -68,11 +85,34 @@ class AuditRun:
 
 
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None) -> AuditRun:
-    """A stored run with its drift against `baseline` (default: the previous complete run)."""
+    """A stored run with its drift against `baseline` (default: the audit run it remediated, for a
+    re-probe run; else the previous complete run)."""
     run = store.load(run_id)
-    base_id = store.previous_complete(run_id) if baseline is None else baseline
+    base_id = baseline if baseline is not None else run.info.parent
+    if base_id is None:
+        base_id = store.previous_complete(run_id)
     previous = store.load(base_id) if base_id is not None else None
     return AuditRun(run, compute_drift(previous, run))
+
+
+def _probe_into(
+    run_id: int, fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore, deep: bool,
+    on_progress: Callable[[TargetReport], None] | None,
+) -> None:
+    """Probe targets, judge each result by the policy and commit it to run_id as it arrives."""
+    prepared = [with_required_extensions(policy, target) for target in targets]
+
+    def on_done(report: TargetReport) -> None:  # from worker threads; the store serialises writes
+        result = evaluate(policy, report)
+        if not result.reachable and policy.max_age.unreachable_days is not None:
+            result = with_staleness(policy, result, report.target, now=time.time(),
+                                    last_probed=store.last_probed(result.target),
+                                    first_seen=store.first_seen(result.target))
+        store.record_target(run_id, result)
+        if on_progress:
+            on_progress(report)
+
+    probe_targets(fleet, prepared, deep=deep, on_done=on_done)
 
 
 def run_audit(
@@ -82,13 +122,37 @@ def run_audit(
     """Probe targets, judge each result by the policy and commit it as it arrives; then mark the run
     complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept."""
     run_id = store.start_run({**(args or {}), "policy": policy.source, "deep": deep})
-    prepared = [with_required_extensions(policy, target) for target in targets]
+    _probe_into(run_id, fleet, targets, policy=policy, store=store, deep=deep, on_progress=on_progress)
+    if not fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline
+        store.finish_run(run_id, finished=time.time())
+    return load_audit(store, run_id)
 
-    def on_done(report: TargetReport) -> None:  # from worker threads; the store serialises writes
-        store.record_target(run_id, evaluate(policy, report))
-        if on_progress:
-            on_progress(report)
 
-    probe_targets(fleet, prepared, deep=deep, on_done=on_done)
-    store.finish_run(run_id, finished=time.time())
+def remediate_audit(
+    audit: AuditRun, targets: Sequence[Target], *, playbook: str, apply: ApplyPlaybook, check: bool,
+    fleet: Fleet, policy: Policy, store: AuditStore, vars: Mapping[str, Any] | None = None,
+    deep: bool = False, on_progress: Callable[[TargetReport], None] | None = None,
+) -> AuditRun:
+    """Apply the playbook (through `apply`, which records it) to the audit's failing targets, re-probe
+    them into a new run linked to the audit run, and return the run that shows the state afterwards:
+    that re-probe run, or the audit run itself when nothing was re-probed (check mode, nothing failing,
+    a refused playbook run). The remediation is stored on that run either way."""
+    source = audit.info.id
+    remediation, reprobe = apply_to_failing(
+        audit.targets, targets, source_run=source, playbook=playbook, apply=apply, check=check,
+        vars=dict(vars or {}),
+    )
+    if not reprobe:
+        store.set_remediation(source, remediation.to_json())
+        return load_audit(store, source)
+    args = {**audit.info.args, "remediates": source, "targets": len(audit.targets)}
+    run_id = store.start_run(args, parent=source, remediation=remediation.to_json())
+    # Carried over first (no work), so a kill during the re-probe leaves them with the run incomplete.
+    reprobed = {target.name for target in reprobe}
+    for result in audit.targets:
+        if result.target not in reprobed:
+            store.record_target(run_id, result)
+    _probe_into(run_id, fleet, reprobe, policy=policy, store=store, deep=deep, on_progress=on_progress)
+    if not fleet.interrupted:
+        store.finish_run(run_id, finished=time.time())
     return load_audit(store, run_id)

@@ -6,6 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetfix.probe import Finding, Severity
+from fleetfix.probe.rules import CODES
+
+# Codes the audit itself raises from its history (not the probe's diagnosis); docs/audit.md has them.
+STALE_AUDIT = "STALE_AUDIT"
+AUDIT_CODES: tuple[str, ...] = (STALE_AUDIT,)
+ALL_CODES: tuple[str, ...] = (*CODES, *AUDIT_CODES)
 
 # The health of a target: the worst finding severity when it was probed, else why it was not.
 HEALTH_ORDER = ("healthy", "info", "warning", "error", "failed", "unreachable")
@@ -69,12 +75,14 @@ class RunInfo:
     target_count: int = 0
     error_count: int = 0  # targets whose health is "error"
     unreachable_count: int = 0  # targets not probed (unreachable or failed)
+    parent: int | None = None  # for a remediation's re-probe run: the audit run it remediated
+    remediation: dict[str, Any] | None = None  # Remediation.to_json() of the remediation this run shows
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "started": self.started, "finished": self.finished, "status": self.status,
             "args": self.args, "duration": self.duration, "targets": self.target_count,
-            "errors": self.error_count, "unreachable": self.unreachable_count,
+            "errors": self.error_count, "unreachable": self.unreachable_count, "parent": self.parent,
         }
 
 

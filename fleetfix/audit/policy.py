@@ -9,6 +9,8 @@ per group, tag or target name. YAML, validated by pydantic (unknown keys are err
       - match: {groups: [training], tags: [a100]}   # any listed group, tag or name glob matches
         severity: {EXTENSION_MISSING: error}
         required_extensions: [flash_attn, causal_conv1d, fla]
+    max_age:
+      unreachable_days: 3          # a target not probed successfully for 3 days gets STALE_AUDIT (error)
 
 Without a file, DEFAULT_POLICY applies: every finding keeps the severity its rule gives it (rules.py
 chose those for exactly this: error = a training run breaks or an install fails, warning = slow or
@@ -19,16 +21,16 @@ fragile, info = nothing to do), and no extension is required beyond the inventor
 from __future__ import annotations
 
 import dataclasses
+import time
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from fleetfix.audit.model import TargetResult
+from fleetfix.audit.model import ALL_CODES, STALE_AUDIT, TargetResult
 from fleetfix.errors import ConfigError
-from fleetfix.probe import Finding, Severity
-from fleetfix.probe.rules import CODES
+from fleetfix.probe import Finding, Fix, Severity
 from fleetfix.probing import TargetReport
 from fleetfix.target import Target
 from fleetfix.yamlsource import load_yaml, validate
@@ -38,7 +40,7 @@ IGNORE = "ignore"
 
 
 def _known_codes(value: dict[str, Level]) -> dict[str, Level]:
-    unknown = sorted(set(value) - set(CODES))
+    unknown = sorted(set(value) - set(ALL_CODES))
     if unknown:
         raise ValueError(f"unknown finding code {unknown[0]!r} (see docs/findings.md)")
     return value
@@ -74,12 +76,26 @@ class Rule(BaseModel):
     _extensions = field_validator("required_extensions")(_extension_names)
 
 
+class MaxAge(BaseModel):
+    """How old the newest good observation of a target may get. One limit today: a target that keeps
+    failing to be probed is a different problem from one unreachable tonight (a box that died, was
+    renamed or lost its key), and deserves its own alert instead of a nightly exit code 4 people learn
+    to ignore."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # STALE_AUDIT when a target's last successful probe (from the history) is more than this many days
+    # old; a target never probed counts from its first appearance in the history.
+    unreachable_days: float | None = Field(default=None, gt=0)
+
+
 class Policy(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     severity: dict[str, Level] = Field(default_factory=dict)
     required_extensions: list[str] = Field(default_factory=list)
     rules: list[Rule] = Field(default_factory=list)
+    max_age: MaxAge = Field(default_factory=MaxAge)
     source: str = Field(default="built-in default", exclude=True)
 
     _codes = field_validator("severity")(_known_codes)
@@ -158,3 +174,40 @@ def evaluate(policy: Policy, report: TargetReport) -> TargetResult:
         facts=report.facts.model_dump(mode="json") if report.facts else None,
         duration=report.duration, ignored=ignored,
     )
+
+
+DAY = 86400.0
+
+
+def stale_finding(limit_days: float, last_probed: float | None, first_seen: float | None,
+                  now: float) -> Finding | None:
+    """STALE_AUDIT when the target has gone unprobed for more than limit_days (error by default; the
+    policy's severity map can lower or ignore it like any code)."""
+    since = last_probed if last_probed is not None else first_seen
+    if since is None or now - since <= limit_days * DAY:
+        return None
+    days = (now - since) / DAY
+    what = "last probed successfully" if last_probed is not None else "never probed successfully; first seen"
+    return Finding(
+        code=STALE_AUDIT, severity=Severity.ERROR,
+        summary=f"not probed successfully for {days:.1f} days (policy max_age.unreachable_days: "
+                f"{limit_days:g}); {what} {time.strftime('%Y-%m-%d %H:%M', time.localtime(since))}",
+        evidence={"last_probed": last_probed, "first_seen": first_seen, "days": round(days, 2),
+                  "limit_days": limit_days},
+        fix=Fix(hint="Check the node and container are up and SSH works (`fleetfix exec ... -- true`); "
+                     "if it was decommissioned, remove it from the inventory."),
+    )
+
+
+def with_staleness(policy: Policy, result: TargetResult, target: Target, *, last_probed: float | None,
+                   first_seen: float | None, now: float) -> TargetResult:
+    """An unprobed target's result with STALE_AUDIT added when the policy's max_age says it is overdue."""
+    limit = policy.max_age.unreachable_days
+    if limit is None or result.reachable:
+        return result
+    finding = stale_finding(limit, last_probed, first_seen, now)
+    if finding is None:
+        return result
+    kept, ignored = apply_levels([finding], policy.levels_for(target.groups, target.tags, target.name))
+    return dataclasses.replace(result, findings=(*result.findings, *kept),
+                               ignored=tuple(dict.fromkeys((*result.ignored, *ignored))))

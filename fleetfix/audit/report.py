@@ -20,9 +20,9 @@ import jinja2
 
 from fleetfix.audit import AuditRun
 from fleetfix.audit.drift import Drift
-from fleetfix.audit.model import HEALTH_ORDER, TargetResult
+from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
+from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
 from fleetfix.probe import Finding
-from fleetfix.probe.rules import CODES
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -69,12 +69,65 @@ def drift_lines(drift: Drift) -> list[str]:
     return lines
 
 
+def remediation_lines(run: AuditRun) -> list[str]:
+    """What `--remediate` did, when this run holds a remediation: per target the apply's status and,
+    for a re-probe run, the health before -> after."""
+    remediation = run.remediation
+    if remediation is None:
+        return []
+    mode = " --check" if remediation.check else ""
+    head = f"remediation{mode} of run {remediation.source_run} with {remediation.playbook}"
+    if remediation.status == NOTHING_TO_DO:
+        return [f"{head}: no target had an error-severity finding; nothing applied"]
+    head += f" (apply run {remediation.apply_run}): {remediation.status}"
+    if remediation.error:
+        head += f" — refused: {remediation.error}"
+    if remediation.reprobed:
+        head += f"; re-probed as run {run.info.id}"
+    elif remediation.check:
+        head += "; nothing changed, not re-probed"
+    lines = [head]
+    width = max(len(t.target) for t in remediation.targets) if remediation.targets else 0
+    for item in remediation.targets:
+        after = _health_after(run, remediation, item.target)
+        codes = ", ".join(item.codes_before) or "-"
+        lines.append(f"  {item.target:<{width}}  apply {item.apply_status:<12}  error -> {after:<11}  "
+                     f"(was: {codes})")
+    return lines
+
+
+def _health_after(run: AuditRun, remediation: Remediation, target: str) -> str:
+    if not remediation.reprobed:
+        return "error"  # nothing was re-probed: the audit's verdict stands
+    result = run.run.target(target)
+    return "-" if result is None else result.health
+
+
+def remediation_report(run: AuditRun) -> str:
+    """The short report printed after the audit's own when `--remediate` re-probed: the remediation,
+    the drift it caused (against the audit run) and what still needs action on the remediated targets."""
+    lines = remediation_lines(run) + drift_lines(run.drift)
+    remediation = run.remediation
+    remediated = {t.target for t in remediation.targets} if remediation else set()
+    for result in run.targets:
+        shown = [f for f in result.findings if result.target in remediated and f.severity.value != "info"]
+        if shown:
+            lines += ["", f"== {result.target} (after remediation)"]
+            for finding in shown:
+                lines.append(f"   {finding.severity.value.upper():<7} {finding.code}: {finding.summary}")
+                lines.append(f"           fix: {fix_text(finding)}")
+    counts = ", ".join(f"{n} {health}" for health, n in health_counts(run).items() if n)
+    lines += ["", f"after remediation: {len(run.targets)} target(s): {counts or 'none'}"]
+    return "\n".join(lines) + "\n"
+
+
 def text_report(run: AuditRun, *, verbose: bool = False) -> str:
     """The terminal summary: drift, then one line per target, then the findings that need action."""
     info = run.info
     lines = [f"audit run {info.id} ({info.status}) started {_when(info.started)}"
              + (f", {info.duration:.1f}s" if info.duration is not None else "")]
     lines += drift_lines(run.drift)
+    lines += remediation_lines(run)
     lines.append("")
     width = max((len(result.target) for result in run.targets), default=6)
     for result in run.targets:
@@ -104,6 +157,7 @@ def json_report(run: AuditRun) -> dict[str, Any]:
         "summary": health_counts(run),
         "exit_code": run.exit_code,
         "targets": [result.to_json() for result in run.targets],
+        "remediation": None if run.remediation is None else run.remediation.to_json(),
     }
 
 
@@ -126,6 +180,7 @@ def html_report(run: AuditRun) -> str:
     return template.render(
         run=run, info=run.info, drift=run.drift, counts=health_counts(run), when=_when,
         fix_text=fix_text, severity_rank={s: i for i, s in enumerate(HEALTH_ORDER)},
+        remediation=remediation_lines(run),
     )
 
 
@@ -146,22 +201,23 @@ def junit_report(run: AuditRun) -> str:
         if not result.reachable:
             ET.SubElement(reach, "error", message=result.error or result.status, type=result.status)
             counts["errors"] += 1
-        for code in CODES:
+        for code in ALL_CODES:
             case = _testcase(suite, result, code, counts)
             found = [f for f in result.findings if f.code == code]
-            if not result.reachable:
-                ET.SubElement(case, "skipped", message=f"target {result.status}")
-                counts["skipped"] += 1
-            elif code in result.ignored and not found:
-                ET.SubElement(case, "skipped", message="ignored by policy")
-                counts["skipped"] += 1
-            elif any(f.severity.value == "error" for f in found):
+            # Findings first: an unreachable target still carries the audit's own (STALE_AUDIT).
+            if any(f.severity.value == "error" for f in found):
                 errors = [f for f in found if f.severity.value == "error"]
                 failure = ET.SubElement(case, "failure", message=errors[0].summary, type=code)
                 failure.text = "\n\n".join(_finding_text(f) for f in errors)
                 counts["failures"] += 1
             elif found:
                 ET.SubElement(case, "system-out").text = "\n\n".join(_finding_text(f) for f in found)
+            elif not result.reachable:
+                ET.SubElement(case, "skipped", message=f"target {result.status}")
+                counts["skipped"] += 1
+            elif code in result.ignored:
+                ET.SubElement(case, "skipped", message="ignored by policy")
+                counts["skipped"] += 1
         for key, value in counts.items():
             suite.set(key, str(value))
             totals[key] += value
@@ -218,7 +274,7 @@ def prometheus_report(run: AuditRun) -> str:
     """node_exporter textfile-collector format. Every finding code and health gets a series, zeros
     included, so an alert on `> 0` sees the value drop when a problem is fixed instead of going stale."""
     metrics = _Metrics()
-    by_code = dict.fromkeys(CODES, 0)
+    by_code = dict.fromkeys(ALL_CODES, 0)
     by_severity = dict.fromkeys(SEVERITIES, 0)
     for result in run.targets:
         for finding in result.findings:

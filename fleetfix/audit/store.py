@@ -70,6 +70,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE target_results ADD COLUMN ignored TEXT NOT NULL DEFAULT '[]'",
         "CREATE INDEX findings_by_code ON findings(code, run)",
     ),
+    (  # 3: `audit --remediate`: the re-probe run links to the audit run it remediated; what was done
+        "ALTER TABLE runs ADD COLUMN parent INTEGER REFERENCES runs(id)",
+        "ALTER TABLE runs ADD COLUMN remediation TEXT",
+        "CREATE INDEX target_results_by_target ON target_results(target, status)",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -125,13 +130,23 @@ class AuditStore:
 
     # -- writing ---------------------------------------------------------------------------------------
 
-    def start_run(self, args: Mapping[str, Any] | None = None, *, started: float | None = None) -> int:
+    def start_run(self, args: Mapping[str, Any] | None = None, *, started: float | None = None,
+                  parent: int | None = None, remediation: Mapping[str, Any] | None = None) -> int:
         with self._lock:
             cursor = self._conn.execute(
-                "INSERT INTO runs (started, status, args) VALUES (?, 'incomplete', ?)",
-                (time.time() if started is None else started, json.dumps(dict(args or {}), default=str)),
+                "INSERT INTO runs (started, status, args, parent, remediation)"
+                " VALUES (?, 'incomplete', ?, ?, ?)",
+                (time.time() if started is None else started, json.dumps(dict(args or {}), default=str),
+                 parent, None if remediation is None else json.dumps(dict(remediation), default=str)),
             )
             return int(cursor.lastrowid or 0)
+
+    def set_remediation(self, run_id: int, remediation: Mapping[str, Any]) -> None:
+        """Attach what a remediation did to a run whose results it did not change (check mode, nothing
+        to remediate, an aborted apply): there is no re-probe run to carry it."""
+        with self._lock:
+            self._conn.execute("UPDATE runs SET remediation = ? WHERE id = ?",
+                               (json.dumps(dict(remediation), default=str), run_id))
 
     def record_target(self, run_id: int, result: TargetResult) -> None:
         """One target's result and findings, in one transaction, committed before returning."""
@@ -172,9 +187,7 @@ class AuditStore:
     def runs(self, *, limit: int | None = None) -> list[RunInfo]:
         """Runs, newest first, with per-run counts."""
         query = (
-            "SELECT r.id, r.started, r.finished, r.status, r.args, r.duration,"
-            " COUNT(t.target), COALESCE(SUM(t.health = 'error'), 0),"
-            " COALESCE(SUM(t.status != 'ok'), 0)"
+            f"SELECT {_RUN_COLUMNS}"
             " FROM runs r LEFT JOIN target_results t ON t.run = r.id GROUP BY r.id ORDER BY r.id DESC"
         )
         params: tuple[int, ...] = ()
@@ -199,8 +212,7 @@ class AuditStore:
     def load(self, run_id: int) -> StoredRun:
         with self._lock:
             info = [_run_info(row) for row in self._conn.execute(
-                "SELECT r.id, r.started, r.finished, r.status, r.args, r.duration, COUNT(t.target),"
-                " COALESCE(SUM(t.health = 'error'), 0), COALESCE(SUM(t.status != 'ok'), 0)"
+                f"SELECT {_RUN_COLUMNS}"
                 " FROM runs r LEFT JOIN target_results t ON t.run = r.id WHERE r.id = ? GROUP BY r.id",
                 (run_id,),
             )]
@@ -236,6 +248,24 @@ class AuditStore:
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
+    def last_probed(self, target: str) -> float | None:
+        """When `target` was last probed successfully (the start of that run), in any run: a result
+        committed as `ok` is a real observation even if its run was later killed."""
+        return self._scalar(
+            "SELECT MAX(r.started) FROM runs r JOIN target_results t ON t.run = r.id"
+            " WHERE t.target = ? AND t.status = 'ok'", target)
+
+    def first_seen(self, target: str) -> float | None:
+        """When `target` first appears in the history at all (probed or not)."""
+        return self._scalar(
+            "SELECT MIN(r.started) FROM runs r JOIN target_results t ON t.run = r.id WHERE t.target = ?",
+            target)
+
+    def _scalar(self, query: str, *params: Any) -> float | None:
+        with self._lock:
+            row = self._conn.execute(query, params).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
     # -- lifetime --------------------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -251,10 +281,18 @@ class AuditStore:
         self.close()
 
 
+_RUN_COLUMNS = (
+    "r.id, r.started, r.finished, r.status, r.args, r.duration, r.parent, r.remediation, COUNT(t.target),"
+    " COALESCE(SUM(t.health = 'error'), 0), COALESCE(SUM(t.status != 'ok'), 0)"
+)
+
+
 def _run_info(row: Sequence[Any]) -> RunInfo:
-    run_id, started, finished, status, args, duration, count, errors, unreachable = row
+    run_id, started, finished, status, args, duration, parent, remediation, count, errors, unreachable = row
     return RunInfo(
         id=int(run_id), started=float(started), finished=finished, status=status,
         args=json.loads(args or "{}"), duration=duration, target_count=int(count),
         error_count=int(errors), unreachable_count=int(unreachable),
+        parent=None if parent is None else int(parent),
+        remediation=None if remediation is None else json.loads(remediation),
     )

@@ -58,6 +58,8 @@ class Playbook(BaseModel):
     vars: dict[str, Any] = Field(default_factory=dict)  # defaults; string values may be templates
     hosts: str | None = None  # default target selection pattern (the CLI's --limit overrides it)
     requires: list[str] = Field(default_factory=list)  # playbooks run first, paths relative to this file
+    # snapshot each container before its first change, as `apply --snapshot` does (docs/snapshots.md)
+    snapshot: bool = False
     steps: list[Step] = Field(min_length=1)
 
     _path: str = PrivateAttr("<playbook>")

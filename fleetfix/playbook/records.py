@@ -104,6 +104,38 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + _secrets.token_hex(3)
 
 
+class Redactor:
+    """Masks secret values (and their shell-quoted form) in text and nested data. Thread-safe: the
+    secrets of each target's vars are added as targets are planned, while others already run."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._secrets: tuple[str, ...] = ()
+
+    def add(self, values: Iterable[str]) -> None:
+        with self._lock:
+            found = set(self._secrets)
+            for value in values:
+                if len(value) >= _MIN_SECRET_LEN:
+                    found.add(value)
+                    found.add(shlex.quote(value))  # the form it takes in a rendered script
+            self._secrets = tuple(sorted(found, key=len, reverse=True))  # longest first: no partial masks
+
+    def text(self, value: str) -> str:
+        for secret in self._secrets:
+            value = value.replace(secret, MASK)
+        return value
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, Mapping):
+            return {key: self(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self(item) for item in value]
+        return value
+
+
 class RunRecorder:
     """Appends events for one run. Thread-safe: targets run concurrently and share it."""
 
@@ -117,18 +149,14 @@ class RunRecorder:
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
         self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._lock = threading.Lock()
-        self._secrets: set[str] = set()
+        self._redact = Redactor()
 
     @property
     def run_id(self) -> str:
         return self._run_id
 
     def add_secrets(self, values: Iterable[str]) -> None:
-        with self._lock:
-            for value in values:
-                if len(value) >= _MIN_SECRET_LEN:
-                    self._secrets.add(value)
-                    self._secrets.add(shlex.quote(value))  # the form it takes in a rendered script
+        self._redact.add(values)
 
     def event(self, kind: str, /, **fields: Any) -> None:
         record = {"time": time.time(), "kind": kind, **fields}
@@ -150,16 +178,6 @@ class RunRecorder:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _redact(self, value: Any) -> Any:
-        if isinstance(value, str):
-            for secret in sorted(self._secrets, key=len, reverse=True):
-                value = value.replace(secret, MASK)
-            return value
-        if isinstance(value, Mapping):
-            return {key: self._redact(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [self._redact(item) for item in value]
-        return value
 
 
 # --- reading ---------------------------------------------------------------------------------------

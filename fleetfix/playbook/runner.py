@@ -11,6 +11,10 @@ Fleet level, in two phases so that a template error stops the run before anythin
    script that does not depend on `registered`;
 2. run: per target, the planned steps — in `serial` batches, stopping early past `max_fail_pct`.
 Concurrency, connections and per-target error capture belong to the injected `fleet_map`.
+
+Snapshots (fleetfix.snapshots): with a SnapshotPolicy and an injected `node_for`, each target gets a
+SnapshotGuard, asked right before a step's apply (after its check said "change needed") and so only
+before the first real change; a failed target is rolled back after its last step.
 """
 
 from __future__ import annotations
@@ -18,13 +22,14 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from fleetfix.errors import CommandTimeoutError, FleetfixError, TemplateError, TransportError
 from fleetfix.playbook.model import Playbook
-from fleetfix.playbook.records import NullRecorder, Recorder, mask_vars, secret_values
+from fleetfix.playbook.records import NullRecorder, Recorder, Redactor, mask_vars, secret_values
 from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
+from fleetfix.snapshots import NodeFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
 from fleetfix.target import Target
 from fleetfix.transport.base import CommandResult, OutputSink, Stream, Transport, run_script
 
@@ -80,6 +85,7 @@ class TargetRun:
     steps: list[StepResult]
     duration: float
     reason: str = ""
+    snapshot: SnapshotOutcome | None = None  # set when a snapshot was taken, refused or rolled back
 
     def counts(self) -> dict[str, int]:
         counted = Counter("ignored" if step.ignored else step.status for step in self.steps)
@@ -89,7 +95,8 @@ class TargetRun:
     def to_dict(self) -> dict[str, Any]:
         return {"target": self.target, "status": self.status, "reason": self.reason,
                 "duration": round(self.duration, 3), "counts": self.counts(),
-                "steps": [step.to_dict() for step in self.steps]}
+                "steps": [step.to_dict() for step in self.steps],
+                "snapshot": self.snapshot.to_dict() if self.snapshot is not None else None}
 
 
 @dataclass
@@ -132,9 +139,10 @@ class PlaybookRun:
     def recap_lines(self) -> list[str]:
         width = max((len(run.target) for run in self.targets), default=0)
         lines = []
-        for name, status, counts in self.recap():
-            numbers = "  ".join(f"{key}={value}" for key, value in counts.items())
-            lines.append(f"{name:<{width}}  {status:<12} {numbers}")
+        for run in self.targets:
+            numbers = "  ".join(f"{key}={value}" for key, value in run.counts().items())
+            note = run.snapshot.note() if run.snapshot is not None else ""
+            lines.append(f"{run.target:<{width}}  {run.status:<12} {numbers}" + (f"  {note}" if note else ""))
         return lines
 
     def to_dict(self) -> dict[str, Any]:
@@ -223,11 +231,12 @@ class _StepRunner:
 
     def __init__(self, plan: TargetPlan, play: PlannedPlay, planned: PlannedStep, transport: Transport,
                  recorder: Recorder, registered: Mapping[str, Any], sleep: Callable[[float], None],
-                 on_output: StepOutputHandler | None = None) -> None:
+                 on_output: StepOutputHandler | None = None, guard: SnapshotGuard | None = None) -> None:
         self.plan, self.play, self.planned = plan, play, planned
         self.step = planned.compiled.step
         self.transport, self.recorder, self.registered, self.sleep = transport, recorder, registered, sleep
         self.on_output = on_output
+        self.guard = guard
         self.runs: list[ScriptRun] = []
         self.started = time.monotonic()
 
@@ -308,6 +317,10 @@ class _StepRunner:
         elif check_mode:
             return self._result("would-change", "no check: apply always runs")
         assert rendered.apply is not None
+        if self.guard is not None:  # the first change on this target: snapshot it first
+            refusal = self.guard.before_change()
+            if refusal is not None:
+                return self._result("failed", refusal, self.runs[-1] if self.runs else None)
         return self._apply(rendered)
 
     def _apply(self, rendered: RenderedStep) -> StepResult:
@@ -366,36 +379,55 @@ def run_target(
     plan: TargetPlan, transport: Transport, *, check: bool, recorder: Recorder | None = None,
     on_step: Callable[[Target, StepResult], None] | None = None,
     sleep: Callable[[float], None] = time.sleep, on_output: StepOutputHandler | None = None,
+    guard: SnapshotGuard | None = None,
 ) -> TargetRun:
-    """Run a planned target's steps in order. Never raises for a target's own failures."""
+    """Run a planned target's steps in order. Never raises for a target's own failures. With a guard,
+    the target is snapshotted before its first change and, if its policy says so, rolled back when the
+    target fails (not when it is unreachable: the node connection is most likely gone too)."""
     recorder = recorder or NullRecorder()
     started = time.monotonic()
     results: list[StepResult] = []
     status: TargetStatus | None = None
     reason = ""
     try:
-        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results, on_output)
+        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results, on_output, guard)
     except _TargetLost as lost:
         _record_step(recorder, plan.target, lost.result, on_step)
         results.append(lost.result)
         status, reason = "unreachable", f"step {lost.result.name!r}: {lost.error}"
-    run = TargetRun(plan.target.name, status or _target_status(results), results,
-                    time.monotonic() - started, reason)
+    status = status or _target_status(results)
+    snapshot = _after_snapshot(guard, status) if guard is not None else None
+    run = TargetRun(plan.target.name, status, results, time.monotonic() - started, reason, snapshot)
     _record_target_end(recorder, run)
     return run
+
+
+def _after_snapshot(guard: SnapshotGuard, status: TargetStatus) -> SnapshotOutcome | None:
+    """Roll a failed target back when asked; the guard's outcome if there is anything to report."""
+    if not guard.touched:
+        return None
+    outcome = guard.outcome
+    if outcome.name is not None and guard.policy.rollback_on_failure:
+        if status == "failed":
+            guard.rollback()
+        elif status == "unreachable":
+            outcome.warnings.append(f"not rolled back (target unreachable); snapshot {outcome.name} kept")
+    return outcome
 
 
 def _run_plays(
     plan: TargetPlan, transport: Transport, check: bool, recorder: Recorder,
     on_step: Callable[[Target, StepResult], None] | None, sleep: Callable[[float], None],
     results: list[StepResult], on_output: StepOutputHandler | None = None,
+    guard: SnapshotGuard | None = None,
 ) -> str:
     """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
     would_change = False
     for play in plan.plays:
         registered: dict[str, Any] = {}
         for planned in play.steps:
-            runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep, on_output)
+            runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep, on_output,
+                                 guard)
             result = runner.run(check_mode=check, would_change_before=would_change)
             _record_step(recorder, plan.target, result, on_step)
             results.append(result)
@@ -470,19 +502,46 @@ def run_playbook(
     max_fail_pct: float | None = None,
     on_step: Callable[[Target, StepResult], None] | None = None,
     on_output: StepOutputHandler | None = None,
+    snapshots: SnapshotPolicy | None = None,
+    node_for: NodeFor | None = None,
+    redactor: Redactor | None = None,
 ) -> PlaybookRun:
     """Plan every target, then run them (in batches of `serial`); stop starting new batches once more
     than `max_fail_pct` percent of all targets have failed or were unreachable. on_output sees every
-    script's output live (not fact gathering's)."""
+    script's output live (not fact gathering's).
+
+    snapshots: snapshot each target before its first change (also when any playbook of the chain says
+    `snapshot: true`), never in check mode; `node_for(target)` gives the transport of the target's node,
+    where `pct snapshot/rollback` run (Fleet.node_transport)."""
     recorder = recorder or NullRecorder()
     started = time.monotonic()
     chain = [compile_playbook(book) for book in playbook.chain()]
-    recorder.add_secrets(secret_values(vars))
+    policy = snapshots or SnapshotPolicy()
+    if any(book.snapshot for book in playbook.chain()) and not policy.take:
+        policy = replace(policy, take=True)
+    if check or not policy.active:
+        policy = SnapshotPolicy()  # check mode changes nothing, so there is nothing to snapshot
+    if policy.active and node_for is None:
+        raise ValueError("snapshots need node_for (the transport of each target's node)")
+    # Secret-named vars are masked in everything that leaves this function: the record, on_step, and the
+    # returned run. Unmasked values stay inside, where later steps' templates may need them.
+    redact = redactor or Redactor()
+
+    def add_secrets(values: Sequence[str]) -> None:
+        recorder.add_secrets(values)
+        redact.add(values)
+
+    add_secrets(secret_values(vars))
     for target in targets:
-        recorder.add_secrets(secret_values(target.vars))
+        add_secrets(secret_values(target.vars))
+    if on_step is not None:
+        show_step = on_step
+        on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
     recorder.event("run-start", playbook=playbook.name, playbooks=[c.playbook.name for c in chain],
                    path=playbook.path, check=check, vars=mask_vars(vars),
-                   targets=[target.name for target in targets], serial=serial, max_fail_pct=max_fail_pct)
+                   targets=[target.name for target in targets], serial=serial, max_fail_pct=max_fail_pct,
+                   snapshot={"take": policy.take, "rollback_on_failure": policy.rollback_on_failure,
+                             "keep": policy.keep, "allow_no_snapshot": policy.allow_no_snapshot})
 
     def plan(target: Target, transport: Transport) -> TargetPlan | TemplateError:
         facts = dict(facts_for(target, transport))
@@ -492,7 +551,7 @@ def run_playbook(
             recorder.event("target-start", target=target.name, facts=facts, vars=None)
             return exc
         for play in planned.plays:
-            recorder.add_secrets(secret_values(play.vars))
+            add_secrets(secret_values(play.vars))
         recorder.event("target-start", target=target.name, facts=facts,
                        vars=mask_vars(planned.plays[-1].vars))
         return planned
@@ -523,16 +582,44 @@ def run_playbook(
         aborted = _run_batches(
             [target for target in targets if target.name in plans], len(targets), plans, finished,
             fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
-            max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output)
+            max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output,
+            guard_for=_guard_factory(policy, node_for, recorder, playbook.name))
 
     run = PlaybookRun(
         playbook=playbook.name, check=check,
-        targets=[finished[target.name] for target in targets if target.name in finished],
+        targets=[_redacted_target(finished[target.name], redact) for target in targets
+                 if target.name in finished],
         duration=time.monotonic() - started, run_id=recorder.run_id, aborted=aborted,
         error=template_errors[0] if template_errors else None)
     recorder.event("run-end", status=run.status, aborted=aborted, duration=run.duration,
                    recap={name: {"status": status, **counts} for name, status, counts in run.recap()})
     return run
+
+
+def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:
+    runs = [replace(run, script=redact.text(run.script), stdout=redact.text(run.stdout),
+                    stderr=redact.text(run.stderr)) for run in result.runs]
+    return replace(result, reason=redact.text(result.reason), stdout=redact.text(result.stdout),
+                   stderr=redact.text(result.stderr),
+                   script=None if result.script is None else redact.text(result.script), runs=runs)
+
+
+def _redacted_target(run: TargetRun, redact: Redactor) -> TargetRun:
+    return replace(run, reason=redact.text(run.reason), steps=[_redacted_step(s, redact) for s in run.steps])
+
+
+GuardFor = Callable[[Target], SnapshotGuard | None]
+
+
+def _guard_factory(policy: SnapshotPolicy, node_for: NodeFor | None, recorder: Recorder,
+                   playbook: str) -> GuardFor:
+    def guard_for(target: Target) -> SnapshotGuard | None:
+        if not policy.active or node_for is None:
+            return None
+        description = f"fleetfix apply {playbook}" + (f" (run {recorder.run_id})" if recorder.run_id else "")
+        return SnapshotGuard(target, policy, node_for, event=recorder.event, description=description)
+
+    return guard_for
 
 
 def _run_batches(
@@ -541,13 +628,14 @@ def _run_batches(
     serial: int | None, max_fail_pct: float | None,
     on_step: Callable[[Target, StepResult], None] | None,
     on_output: StepOutputHandler | None = None,
+    guard_for: GuardFor | None = None,
 ) -> str | None:
     size = serial if serial and serial > 0 else max(len(runnable), 1)
     batches = [runnable[start:start + size] for start in range(0, len(runnable), size)]
 
     def run_one(target: Target, transport: Transport) -> TargetRun:
         return run_target(plans[target.name], transport, check=check, recorder=recorder, on_step=on_step,
-                          on_output=on_output)
+                          on_output=on_output, guard=guard_for(target) if guard_for else None)
 
     for number, batch in enumerate(batches):
         for outcome in fleet_map(batch, run_one):

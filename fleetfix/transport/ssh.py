@@ -55,6 +55,7 @@ TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` returns
 # seconds from the remote start, so it fires up to ~1 s plus one round trip after the local deadline.
 KILL_GRACE_SECONDS = 3.0
 _CHUNK = 65536
+AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
 
 
@@ -190,6 +191,7 @@ class SSHConnection:
             options.key_types = known_hosts.preferred_algorithms(
                 s.address, s.port, tuple(options.key_types)
             )
+            options.ciphers = prefer_aead_ciphers(tuple(options.ciphers))
             transport.start_client(timeout=s.connect_timeout)
             if not transport.is_active() or not transport.initial_kex_done:
                 raise ConnectError(f"{self.endpoint}: SSH handshake timed out after {s.connect_timeout:g}s")
@@ -317,6 +319,17 @@ class SSHConnection:
         if timeout is not None and (not finished or watchdog_fired or duration >= timeout):
             return CommandResult(TIMEOUT_EXIT_CODE, stdout, stderr, duration, timed_out=True)
         return CommandResult(-1, stdout, stderr, duration)
+
+
+def prefer_aead_ciphers(available: tuple[str, ...]) -> tuple[str, ...]:
+    """AES-GCM first, the rest (paramiko's order) as fallback for servers without it.
+
+    Why: with AES-CTR paramiko checks each packet's HMAC in a pure-Python loop; GCM authenticates inside
+    `cryptography`. Each exec channel is a dozen packets, so this is ~25% of the controller CPU per packet
+    (benchmarks/, docs/performance.md). OpenSSH has offered aes128-gcm@openssh.com since 6.2.
+    """
+    aead = tuple(name for name in AEAD_CIPHERS if name in available)
+    return aead + tuple(name for name in available if name not in aead)
 
 
 def _has_timeout_marker(stderr: str) -> bool:

@@ -8,6 +8,8 @@ It follows pve-container's `src/PVE/CLI/pct.pm` (docs/DOMAIN.md 5.2) where fleet
                                                 /sbin:/bin:/usr/sbin:/usr/bin, SSL_CERT_FILE/DIR removed
     pct list | status ID | start ID | stop ID | config ID
     pct snapshot ID NAME [--description D] | listsnapshot ID | rollback ID NAME [--start 0|1]
+                                                (a rootfs/mpN volume on storage "local", a `dir` storage,
+                                                makes snapshot die: "snapshot feature is not available")
     pct delsnapshot ID NAME [--force 0|1] | push ID SRC DST [--perms P] [--user U] [--group G]
     pct pull ID SRC DST [--perms P] [--user U] [--group G]
 
@@ -325,6 +327,24 @@ def _snapshot_args(
     return ct, name, options
 
 
+# Storage IDs of a stock PVE install whose type cannot snapshot a CT volume ("local" is a `dir` storage:
+# raw images, no snapshots). Any other storage (local-lvm = lvmthin, local-zfs = zfspool, ...) can.
+_NO_SNAPSHOT_STORAGES = frozenset({"local"})
+
+
+def _volumes_without_snapshots(config: dict[str, str]) -> list[str]:
+    """Config keys (rootfs, mpN) whose volume's storage has no snapshot feature. Bind mounts (`/host/path`)
+    are not volumes and are skipped here (whether real PVE skips them is unverified, DOMAIN.md 5.2)."""
+    keys = []
+    for key, value in config.items():
+        if key == "rootfs" or re.fullmatch(r"mp\d+", key):
+            volume = value.split(",", 1)[0]
+            storage = volume.split(":", 1)[0] if ":" in volume else None
+            if storage in _NO_SNAPSHOT_STORAGES:
+                keys.append(key)
+    return keys
+
+
 def cmd_snapshot(node: ctlib.NodeState, args: list[str]) -> int:
     ct, name, options = _snapshot_args(node, args, {"description": True})
     config = ct.config()
@@ -332,6 +352,9 @@ def cmd_snapshot(node: ctlib.NodeState, args: list[str]) -> int:
         raise PctDie("unable to use snapshot name 'current' (reserved name)")
     if name in config.snapshots:
         raise PctDie(f"snapshot name '{name}' already used")
+    if _volumes_without_snapshots(config.main):
+        # PVE::LXC::Config->snapshot_prepare: has_feature('snapshot') over every volume.
+        raise PctDie("snapshot feature is not available")
     ct.copy_upper_to(ct.snapshot_dir(name))
     section = {key: value for key, value in config.main.items() if key != "lock"}
     if "description" in options:

@@ -14,6 +14,8 @@ from fleetfix.audit import DEFAULT_POLICY, AuditStore, run_audit
 from fleetfix.cli import main
 from fleetfix.cli_audit import audit_group, schedule_group
 
+ROOT = Path(__file__).resolve().parents[3]
+
 main.add_command(audit_group)
 main.add_command(schedule_group)
 
@@ -103,3 +105,22 @@ def test_schedule_refuses_audit_options_that_do_not_parse(tmp_path: Path) -> Non
     assert code == 2 and "audit options" in err and "--no-such-option" in err
     code, _, err = invoke("schedule", "install", "--dry-run", "--", "history")
     assert code == 2 and "unexpected extra argument" in err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--check"], "need --remediate PLAYBOOK"),
+    (["--var", "a=b"], "need --remediate PLAYBOOK"),
+    (["--remediate", "nope.yaml"], "nope.yaml"),
+    (["--remediate", str(ROOT / "playbooks/cuda-toolkit.yaml"), "--var", "not an identifier=1"], "--var"),
+])
+def test_remediate_options_are_checked_before_anything_is_probed(
+    tmp_path: Path, args: list[str], message: str,
+) -> None:
+    db = tmp_path / "a.db"
+    with socket.socket() as sock:  # nothing listens: had it probed, it would have recorded a run
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code, _, err = invoke("audit", "--db", str(db), "--host", "127.0.0.1", "--port", str(port), *args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    with AuditStore(db) as store:
+        assert store.runs() == []

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import time
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from audit_testkit import FakeWorld, make_target
 
 from fleetfix.audit import DEFAULT_POLICY, AuditStore, load_policy, run_audit
+from fleetfix.audit.policy import evaluate, stale_finding
+from fleetfix.audit.report import junit_report, prometheus_report
 from fleetfix.errors import ConfigError
+from fleetfix.probing import probe_targets
+from fleetfix.target import Target
 
 POLICY = """\
 severity:
@@ -85,3 +91,80 @@ def test_policy_overrides_ignores_and_requires_through_a_real_audit(tmp_path: Pa
     assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" in before and "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in after
     assert problem_after.ignored == ("CUDA_RUNTIME_WITHOUT_TOOLKIT",)
     assert judged.info.args["policy"].endswith("policy.yaml")
+
+
+# ---------------------------------------------------------------- max_age: STALE_AUDIT
+
+DAY = 86400.0
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("max_age: {unreachable_days: 0}\n", r"policy.yaml:1: max_age.unreachable_days: Input should be greater"),
+    ("max_age: {last_apply_days: 3}\n", r"policy.yaml:1: max_age.last_apply_days: unknown field"),
+])
+def test_bad_max_age_is_one_line(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_policy(write(tmp_path, text))
+
+
+def test_stale_finding_counts_from_the_last_good_probe_else_first_sighting() -> None:
+    now = 100 * DAY
+    assert stale_finding(3, last_probed=now - 2 * DAY, first_seen=now - 9 * DAY, now=now) is None
+    late = stale_finding(3, last_probed=now - 4 * DAY, first_seen=now - 9 * DAY, now=now)
+    assert late is not None and late.code == "STALE_AUDIT" and late.severity.value == "error"
+    assert late.evidence["days"] == 4.0 and "last probed successfully" in late.summary
+    never = stale_finding(3, last_probed=None, first_seen=now - 5 * DAY, now=now)
+    assert never is not None and "never probed" in never.summary
+    assert stale_finding(3, last_probed=None, first_seen=None, now=now) is None  # first sighting: tonight
+
+
+def _history(store: AuditStore, world: FakeWorld, target: Target, *, days_ago: float) -> None:
+    """An old run in which target was probed fine (run_audit stamps now; the store takes `started`)."""
+    run_id = store.start_run({}, started=time.time() - days_ago * DAY)
+    with world.fleet() as fleet:
+        store.record_target(run_id, evaluate(DEFAULT_POLICY, probe_targets(fleet, [target])[0]))
+    store.finish_run(run_id, finished=time.time() - days_ago * DAY + 5)
+
+
+@pytest.mark.parametrize(("policy_text", "expected"), [
+    ("max_age: {unreachable_days: 3}\n", "error"),
+    ("max_age: {unreachable_days: 10}\n", None),
+    ("max_age: {unreachable_days: 3}\nrules:\n  - match: {tags: [lab]}\n"
+     "    severity: {STALE_AUDIT: warning}\n", "warning"),
+    ("max_age: {unreachable_days: 3}\nseverity: {STALE_AUDIT: ignore}\n", "ignored"),
+    ("{}\n", None),
+])
+def test_an_unreachable_target_goes_stale_after_max_age(
+    tmp_path: Path, policy_text: str, expected: str | None,
+) -> None:
+    world = FakeWorld({200: "healthy"})
+    target = make_target("pve1", 200, tags=["lab"])
+    with AuditStore(tmp_path / "a.db") as store:
+        _history(store, world, target, days_ago=5)
+        world.cts[200] = "stopped"
+        with world.fleet() as fleet:
+            run = run_audit(fleet, [target], policy=load_policy(write(tmp_path, policy_text)), store=store)
+    [result] = run.targets
+    assert result.status == "unreachable" and run.exit_code == 4
+    stale = [f for f in result.findings if f.code == "STALE_AUDIT"]
+    if expected is None:
+        assert not stale and "STALE_AUDIT" not in result.ignored
+    elif expected == "ignored":
+        assert not stale and result.ignored == ("STALE_AUDIT",)
+    else:
+        assert [f.severity.value for f in stale] == [expected]
+        junit = ET.fromstring(junit_report(run).split("\n", 1)[1])
+        case = next(c for c in junit.iter("testcase") if c.get("name") == "STALE_AUDIT")
+        assert (case.find("failure") is not None) == (expected == "error")
+        assert 'fleetfix_audit_findings{code="STALE_AUDIT"} 1' in prometheus_report(run)
+
+
+def test_a_reachable_target_never_goes_stale(tmp_path: Path) -> None:
+    world = FakeWorld({200: "healthy"})
+    target = make_target("pve1", 200)
+    with AuditStore(tmp_path / "a.db") as store:
+        _history(store, world, target, days_ago=30)
+        with world.fleet() as fleet:
+            policy = load_policy(write(tmp_path, "max_age: {unreachable_days: 1}\n"))
+            run = run_audit(fleet, [target], policy=policy, store=store)
+    assert not [f for f in run.targets[0].findings if f.code == "STALE_AUDIT"]

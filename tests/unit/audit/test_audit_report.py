@@ -13,8 +13,8 @@ import pytest
 from audit_testkit import FakeWorld, edited, finding, interrupt_dpkg, make_target
 
 from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, TargetResult, load_audit, run_audit
+from fleetfix.audit.model import ALL_CODES as CODES  # the probe's codes and the audit's own
 from fleetfix.audit.report import html_report, json_report, junit_report, prometheus_report, write_atomic
-from fleetfix.probe.rules import CODES
 
 
 @pytest.fixture

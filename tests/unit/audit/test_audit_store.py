@@ -47,6 +47,7 @@ def test_old_database_is_migrated_in_place_keeping_its_runs(tmp_path: Path) -> N
         run = store.load(1)
     assert [t.target for t in run.targets] == ["pve1/200"]
     assert run.targets[0].ignored == ()  # the v2 column, defaulted for old rows
+    assert run.info.parent is None and run.info.remediation is None  # the v3 columns
     assert sqlite3.connect(path).execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 

@@ -82,8 +82,8 @@ def test_refused_port_is_a_quick_one_line_connect_error() -> None:
     port = free_port()  # nothing listens there now
     started = time.monotonic()
     with pytest.raises(ConnectError) as caught:
-        SSHConnection(SSHSettings("127.0.0.1", port, connect_timeout=5)).open()
-    assert time.monotonic() - started < 1
+        SSHConnection(SSHSettings("127.0.0.1", port, connect_timeout=10)).open()
+    assert time.monotonic() - started < 5  # well before the 10 s timeout: refused is not waited for
     assert str(caught.value) == f"127.0.0.1:{port}: connection refused"
 
 
@@ -113,5 +113,5 @@ def test_a_server_that_never_answers_times_out_at_connect_timeout() -> None:
         started = time.monotonic()
         with pytest.raises(ConnectError, match=f"^127.0.0.1:{port}: SSH handshake") as caught:
             SSHConnection(SSHSettings("127.0.0.1", port, connect_timeout=0.5)).open()
-        assert time.monotonic() - started < 2
+        assert time.monotonic() - started < 4  # honoured, not the library's default of minutes
         assert "\n" not in str(caught.value)

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The local lab: a Proxmox-like node (sshd on 127.0.0.2 + `pct`), LXC-like containers in the problem
+# state, and an NVIDIA-style apt repo on 127.0.0.1, so every command of docs/quickstart.md can be tried
+# without a cluster. Loopback only; nothing of this machine is changed outside the lab directory.
+#
+#   scripts/lab.sh up [--no-healthy]   start it in the background, write the inventory, print how to use it
+#   scripts/lab.sh status              show where it is and whether sshd and the repo answer
+#   scripts/lab.sh env                 print `export LAB_INVENTORY=... REPO_BASE=...` (eval "$(scripts/lab.sh env)")
+#   scripts/lab.sh down                stop everything it started and remove its state
+#
+# Needs: root, Debian 12 or Ubuntu (apt, dpkg), openssh-server (its sshd binary only; the system service is
+# never started), openssh-client, dpkg-dev, apt-utils, gnupg, util-linux, overlayfs, and gcc for the healthy
+# container. State: $FLEETFIX_LAB_DIR (default /var/lib/fleetfix-lab). Implementation: tests/lab/cli.py.
+set -euo pipefail
+repo_root="$(cd "$(dirname "$0")/.." && pwd)"
+python="${PYTHON:-python3}"
+case "${1:-}" in
+    up|down|status|env) ;;
+    *) echo "usage: scripts/lab.sh up [--no-healthy] | status | env | down" >&2; exit 2 ;;
+esac
+cd "$repo_root"
+PYTHONPATH="$repo_root${PYTHONPATH:+:$PYTHONPATH}" exec "$python" -m tests.lab.cli "$@"

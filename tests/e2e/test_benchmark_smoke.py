@@ -1,0 +1,63 @@
+"""The fleet benchmark's harness, kept alive in CI: 3 nodes x 3 containers behind the latency proxy.
+
+Asserts what each tool did on the wire, from the nodes' sshd logs, never how long it took: fleetfix opens
+exactly one TCP connection per node and one exec channel per container plus one per node (node facts); the
+OpenSSH floor, one ControlMaster per node, does the same work with the same counts. Ansible is not run here.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from benchmarks.fleet_probe import Bed, compare, run_fleetfix, start_fleet
+from benchmarks.latency_proxy import require_loopback
+from benchmarks.measure import SshCounts
+
+NODES, CTS = 3, 3
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def bed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
+    fleet = start_fleet(tmp_path_factory.mktemp("bench"), NODES, CTS, rtt_ms=20, log=False)
+    yield fleet
+    fleet.close()
+
+
+def test_the_bed_is_loopback_only_and_every_node_has_its_own_proxy(bed: Bed) -> None:
+    assert len(bed.nodes) == NODES
+    for node in bed.nodes:
+        require_loopback(node.address)
+        assert node.proxy_port is not None and node.proxy_port != node.port
+        with socket.create_connection((node.address, node.proxy_port), timeout=5) as sock:
+            assert sock.recv(4).startswith(b"SSH-")  # the proxy relays the node's sshd banner
+
+
+def test_fleetfix_and_the_floor_use_one_connection_per_node_and_one_channel_per_target(bed: Bed) -> None:
+    results = {r.tool: r for r in compare(bed, tools=["fleetfix", "floor"], forks=32, channels=8)}
+    expected = {node.name: SshCounts(connections=1, channels=CTS + 1) for node in bed.nodes}
+    for tool in ("fleetfix", "floor"):
+        result = results[tool]
+        assert (result.ok, result.targets) == (NODES * CTS, NODES * CTS), result.detail
+        assert result.per_node == expected, tool
+        assert (result.connections, result.channels) == (NODES, NODES * (CTS + 1))
+        assert result.cpu_s > 0 and result.maxrss_kib > 0  # measured, not asserted against a target
+    assert results["fleetfix"].detail["with_node_facts"] == NODES * CTS
+
+
+def test_a_subset_is_counted_on_its_own_nodes_only(bed: Bed) -> None:
+    result = run_fleetfix(bed, bed.subset(1, 2))
+    assert result.ok == result.targets == 2
+    assert result.per_node == {bed.nodes[0].name: SshCounts(connections=1, channels=3)}
+
+
+def test_the_work_directory_holds_the_scripts_every_tool_runs(bed: Bed) -> None:
+    from fleetfix.probe import build_node_script, build_probe_script
+
+    assert Path(bed.probe_script).read_text() == build_probe_script()
+    assert Path(bed.node_script).read_text() == build_node_script()

@@ -1,0 +1,143 @@
+"""The docs cannot rot: every `$ fleetfix ...` command in the README, the quickstart and the tutorial is run
+against a fresh lab (the same one `scripts/lab.sh up` starts), in order, and its key lines are compared.
+
+The convention, inside ```console blocks only:
+
+    $ fleetfix probe -i $LAB_INVENTORY --limit train-a        # exit 3
+    == train-a error (0.89s)
+       ERROR   CUDA_RUNTIME_WITHOUT_TOOLKIT: torch ... # checked
+
+* A line starting with `$ ` is a command; a trailing `\\` continues it on the next line. Only commands whose
+  first word is `fleetfix` are run (set-up commands such as `scripts/lab.sh up` are not).
+* `# exit N` at the end of a command line (a comment to the shell) is the exit status it must return;
+  without it the command must exit 0.
+* An output line ending in `# checked` must appear, exactly (trailing blanks aside), among the lines the
+  command printed (stdout and stderr together). Unmarked lines are real output too, but vary from run to
+  run (timings, run ids, ports) and are not compared.
+* `$LAB_INVENTORY` and `$REPO_BASE` stand for the lab's inventory path and cuda_repo_base, in commands
+  (where the shell expands them) and in checked lines (where this test does).
+
+Commands run through bash, from the repository root, exactly as written, with `fleetfix` meaning this
+checkout (`python -m fleetfix`) and a private state directory. NO_COLOR is not set: output to a pipe must
+be plain text on its own, so the test also fails on any escape character.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.lab.cli import RunningLab, build_lab, prerequisite_problems
+
+REPO = Path(__file__).resolve().parents[2]
+CHECKED_DOCS = ("README.md", "docs/quickstart.md", "docs/tutorial-missing-toolkit.md")
+CHECKED_MARK = "# checked"
+EXIT_COMMENT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+
+@dataclass
+class DocCommand:
+    doc: str
+    line: int  # 1-based line of the `$ ` in the doc
+    command: str  # as the shell gets it (continuations joined, `# exit N` kept: it is a comment)
+    exit_code: int
+    checked: list[str] = field(default_factory=list)
+
+    @property
+    def is_fleetfix(self) -> bool:
+        return self.command.split(maxsplit=1)[:1] == ["fleetfix"]
+
+
+def console_commands(doc: str, text: str) -> list[DocCommand]:
+    """Every `$ ` command of the ```console blocks of text, with its expected exit code and checked lines."""
+    commands: list[DocCommand] = []
+    in_console = False
+    current: DocCommand | None = None
+    continuing = False
+    for number, line in enumerate(text.splitlines(), start=1):
+        fence = FENCE.match(line)
+        if fence:
+            in_console = not in_console and fence.group(1) == "console"
+            current, continuing = None, False
+            continue
+        if not in_console:
+            continue
+        if continuing and current is not None:
+            current.command += "\n" + line
+            continuing = line.endswith("\\")
+        elif line.startswith("$ "):
+            current = DocCommand(doc, number, line[2:], 0)
+            commands.append(current)
+            continuing = line.endswith("\\")
+        elif current is not None and line.rstrip().endswith(CHECKED_MARK):
+            current.checked.append(line.rstrip()[: -len(CHECKED_MARK)].rstrip())
+        if current is not None and not continuing:
+            found = EXIT_COMMENT.search(current.command)
+            current.exit_code = int(found.group(1)) if found else 0
+    return commands
+
+
+def doc_commands(doc: str) -> list[DocCommand]:
+    return [c for c in console_commands(doc, (REPO / doc).read_text()) if c.is_fleetfix]
+
+
+@pytest.fixture
+def docs_lab(tmp_path: Path) -> Iterator[RunningLab]:
+    problems = prerequisite_problems(healthy=True)
+    if problems:
+        pytest.skip("the lab cannot start here: " + "; ".join(problems))
+    running = build_lab(tmp_path / "lab", healthy=True)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def _shell_env(tmp_path: Path, running: RunningLab) -> dict[str, str]:
+    shim_dir = tmp_path / "bin"
+    shim_dir.mkdir()
+    shim = shim_dir / "fleetfix"
+    shim.write_text(f'#!/bin/sh\nexec {sys.executable} -m fleetfix "$@"\n')
+    shim.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FORCE_COLOR", "FLEETFIX_INVENTORY")}
+    env.update(
+        PATH=f"{shim_dir}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+        LAB_INVENTORY=str(running.inventory),
+        REPO_BASE=running.repo.base_url,
+        FLEETFIX_STATE_DIR=str(tmp_path / "state"),
+        FLEETFIX_AUDIT_DB=str(tmp_path / "state" / "audit.db"),
+    )
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh lab plus a dozen CLI runs; minutes on a loaded 2-core machine
+@pytest.mark.parametrize("doc", CHECKED_DOCS)
+def test_doc_commands_print_what_the_doc_shows(doc: str, docs_lab: RunningLab, tmp_path: Path) -> None:
+    commands = doc_commands(doc)
+    assert commands, f"{doc} has no `$ fleetfix` command in a console block"
+    env = _shell_env(tmp_path, docs_lab)
+    substitutions = {"$LAB_INVENTORY": str(docs_lab.inventory), "$REPO_BASE": docs_lab.repo.base_url}
+    for command in commands:
+        where = f"{doc}:{command.line}: $ {command.command}"
+        done = subprocess.run(
+            ["bash", "-c", command.command], cwd=REPO, env=env, stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300,
+        )
+        output = done.stdout
+        assert done.returncode == command.exit_code, f"{where}\nexit {done.returncode}, output:\n{output}"
+        assert "\x1b" not in output, f"{where}\nescape sequences in output to a pipe:\n{output!r}"
+        printed = {line.rstrip() for line in output.splitlines()}
+        for expected in command.checked:
+            for placeholder, value in substitutions.items():
+                expected = expected.replace(placeholder, value)
+            assert expected in printed, f"{where}\nmissing line:\n{expected}\nin output:\n{output}"

@@ -1,0 +1,413 @@
+"""The local lab behind `scripts/lab.sh`: the test bed, kept running in the background for a person to try
+every command of the README and docs/quickstart.md against.
+
+    python3 -m tests.lab.cli up [--no-healthy]   # start (daemonised), write the inventory, say how to use it
+    python3 -m tests.lab.cli status              # is it running, and where
+    python3 -m tests.lab.cli env                 # `export LAB_INVENTORY=... REPO_BASE=...` lines, for eval
+    python3 -m tests.lab.cli down                # stop everything it started, remove its state
+
+What runs: one Proxmox-like node "pve1" (OpenSSH sshd on 127.0.0.2, with the `pct`/`pvesh` stand-ins), three
+LXC-like containers on it, and a signed NVIDIA-style apt repository on 127.0.0.1 (see docs/testbed.md):
+
+    CT 200 train-a   the problem case: torch 2.11.0+cu128, fla, no causal_conv1d, no nvcc, no NVIDIA repo
+    CT 201 train-b   the same
+    CT 202 infer-a   healthy: the matching toolkit and a built causal_conv1d (left out with --no-healthy)
+
+Everything lives under the lab directory ($FLEETFIX_LAB_DIR, default /var/lib/fleetfix-lab): the
+inventory, the client key, known_hosts, the node and container state, `lab.pid` and `lab.json`. The
+`serve` process owns it all; `down` sends it SIGTERM and it tears down what it started. If it died hard,
+`down` still stops the containers and sshd by the PIDs recorded in the state, then removes the directory.
+Containers and sshd keep their mounts in private mount namespaces, so stopping them leaves no mount behind.
+
+`build_lab` is also what tests/e2e/test_docs_tutorial.py uses, so the docs are checked against this lab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from tests.lab.aptrepo import AptRepo, build_repo, serve_repo
+from tests.lab.bed import Lab
+from tests.lab.container import NodeState
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_LAB_DIR = Path("/var/lib/fleetfix-lab")
+LAB_DIR_ENV = "FLEETFIX_LAB_DIR"
+START_TIMEOUT = 180.0  # seconds `up` waits for the lab (a first start builds the repo: a few seconds)
+STOP_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True)
+class LabContainer:
+    ctid: int
+    name: str
+    tags: tuple[str, ...]
+    scenario: str  # "problem" | "healthy"
+
+
+PROBLEM_CONTAINERS = (
+    LabContainer(200, "train-a", ("training",), "problem"),
+    LabContainer(201, "train-b", ("training",), "problem"),
+)
+HEALTHY_CONTAINER = LabContainer(202, "infer-a", ("inference",), "healthy")
+
+
+@dataclass
+class LabInfo:
+    """What `up` prints and `status` reads back (lab.json)."""
+
+    pid: int
+    lab_dir: str
+    inventory: str
+    repo_base: str
+    node_address: str
+    node_port: int
+    containers: list[str]
+
+    def exports(self) -> str:
+        return f"export LAB_INVENTORY={self.inventory}\nexport REPO_BASE={self.repo_base}\n"
+
+
+# --- building the lab (shared with the docs test) ------------------------------------------------------
+@dataclass
+class RunningLab:
+    lab: Lab
+    repo: AptRepo
+    inventory: Path
+    containers: tuple[LabContainer, ...]
+
+    def close(self) -> None:
+        try:
+            self.lab.close()
+        finally:
+            self.repo.stop()
+
+
+def lab_containers(healthy: bool) -> tuple[LabContainer, ...]:
+    return PROBLEM_CONTAINERS + ((HEALTHY_CONTAINER,) if healthy else ())
+
+
+def prerequisite_problems(healthy: bool) -> list[str]:
+    """What this machine lacks for the lab, each with the package that provides it."""
+    problems = [] if os.geteuid() == 0 else ["run as root (sshd on loopback, namespaces, overlay mounts)"]
+    tools = {
+        "/usr/sbin/sshd": "openssh-server", "ssh-keygen": "openssh-client", "unshare": "util-linux",
+        "nsenter": "util-linux", "dpkg-scanpackages": "dpkg-dev", "apt-ftparchive": "apt-utils",
+        "gpg": "gnupg", "dpkg-deb": "dpkg", "/usr/bin/python3": "python3",
+    }
+    if healthy:
+        tools["cc"] = "gcc (or pass --no-healthy)"
+    for tool, package in tools.items():
+        found = os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool) is not None
+        if not found:
+            problems.append(f"{tool} is missing: apt-get install {package}")
+    return problems
+
+
+def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[LabContainer]) -> Path:
+    """The lab's inventory; key and known_hosts paths are relative to it (the inventory's folder)."""
+    node = lab.node("pve1")
+    lines = [
+        "# Written by `scripts/lab.sh up`: the local lab (docs/quickstart.md). "
+        "Removed by `scripts/lab.sh down`.",
+        "defaults:",
+        f"  identity_file: {lab.client_key.relative_to(path.parent)}     # the lab's client key",
+        f"  known_hosts: {lab.known_hosts.relative_to(path.parent)}     # the lab node's host key",
+        "  vars:",
+        "    # The lab's NVIDIA-style mirror; on a real fleet leave this out (NVIDIA's own repo is the",
+        "    # default) or name your site's mirror of https://developer.download.nvidia.com/compute/cuda/repos.",
+        f"    cuda_repo_base: {repo.base_url}",
+        "nodes:",
+        f"  - name: {node.name}",
+        f"    address: {node.address}",
+        f"    port: {node.port}",
+        "    containers:",
+    ]
+    for ct in containers:
+        lines.append(f"      - {{ctid: {ct.ctid}, name: {ct.name}, tags: [{', '.join(ct.tags)}]}}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def build_lab(root: Path, *, healthy: bool = True) -> RunningLab:
+    """Start node, repo and containers under root; write root/inventory.yaml. The caller closes it."""
+    # Imported here: scenarios lives with the e2e tests; only the lab needs it.
+    from tests.e2e.scenarios import healthy as make_healthy
+    from tests.e2e.scenarios import problem_case
+
+    root.mkdir(parents=True, exist_ok=True)
+    repo = serve_repo(build_repo(root / "aptrepo"))
+    try:
+        lab = Lab(root / "bed", nodes=["pve1"])
+    except BaseException:
+        repo.stop()
+        raise
+    running = RunningLab(lab, repo, root / "inventory.yaml", lab_containers(healthy))
+    try:
+        for ct in running.containers:
+            setup = problem_case if ct.scenario == "problem" else (
+                lambda c: make_healthy(c, repo, root / "stub-cache"))
+            lab.add_container("pve1", ct.ctid, name=ct.name, tags=ct.tags, setup=setup)
+        write_inventory(running.inventory, lab, repo, running.containers)
+    except BaseException:
+        running.close()
+        raise
+    return running
+
+
+# --- the background process ----------------------------------------------------------------------------
+def lab_dir() -> Path:
+    return Path(os.environ.get(LAB_DIR_ENV) or DEFAULT_LAB_DIR)
+
+
+def _paths(root: Path) -> dict[str, Path]:
+    return {"pid": root / "lab.pid", "info": root / "lab.json", "log": root / "lab.log"}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    temporary.rename(path)
+
+
+def _is_lab_process(pid: int, root: Path) -> bool:
+    """pid is alive and is our `serve` for root (not a recycled PID)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"tests.lab.cli" in argv and b"serve" in argv and str(root).encode() in argv
+
+
+def serve(root: Path, *, healthy: bool) -> int:
+    """Foreground: build the lab, publish lab.json, idle until SIGTERM/SIGINT/SIGHUP, then tear down."""
+    paths = _paths(root)
+    _atomic_write(paths["pid"], f"{os.getpid()}\n")
+    stop_requested = False
+
+    def request_stop(signum: int, _frame: object) -> None:
+        nonlocal stop_requested
+        stop_requested = True
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, request_stop)
+    running = build_lab(root, healthy=healthy)
+    try:
+        node = running.lab.node("pve1")
+        info = LabInfo(
+            pid=os.getpid(), lab_dir=str(root), inventory=str(running.inventory),
+            repo_base=running.repo.base_url, node_address=node.address, node_port=node.port,
+            containers=[f"{ct.ctid} {ct.name} ({ct.scenario})" for ct in running.containers],
+        )
+        _atomic_write(paths["info"], json.dumps(asdict(info), indent=2) + "\n")
+        print(f"lab ready: {info.inventory}", flush=True)
+        while not stop_requested:
+            time.sleep(0.2)
+    finally:
+        print("lab stopping", flush=True)
+        running.close()  # removes root/bed; the rest of root is removed by `down`
+    return 0
+
+
+def _read_info(root: Path) -> LabInfo | None:
+    try:
+        return LabInfo(**json.loads(_paths(root)["info"].read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _read_pid(root: Path) -> int | None:
+    try:
+        return int(_paths(root)["pid"].read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _port_open(address: str, port: int) -> bool:
+    with contextlib.suppress(OSError), socket.create_connection((address, port), timeout=1):
+        return True
+    return False
+
+
+def describe(info: LabInfo) -> str:
+    containers = "".join(f"    CT {line}\n" for line in info.containers)
+    return (
+        f"fleetfix lab running (pid {info.pid}), state in {info.lab_dir}\n"
+        f"  node pve1: ssh root@{info.node_address} -p {info.node_port}\n"
+        f"{containers}"
+        f"  inventory:      {info.inventory}\n"
+        f"  cuda_repo_base: {info.repo_base}   (already set in the inventory's vars)\n"
+        "\nUse it from this shell:\n"
+        f"  {info.exports().replace(chr(10), chr(10) + '  ').rstrip()}\n"
+        "  fleetfix probe -i $LAB_INVENTORY\n"
+        "Stop it: scripts/lab.sh down\n"
+    )
+
+
+def up(root: Path, *, healthy: bool) -> int:
+    pid = _read_pid(root)
+    if pid is not None and _is_lab_process(pid, root):
+        info = _read_info(root)
+        print(describe(info) if info else f"the lab is starting (pid {pid}); try `status` shortly")
+        return 0
+    if root.exists() and any(root.iterdir()):
+        # A previous lab that died without `down`: clean it up before reusing the directory.
+        _teardown_leftovers(root)
+    problems = prerequisite_problems(healthy)
+    if problems:
+        print("the lab cannot start here:\n" + "".join(f"  - {p}\n" for p in problems), file=sys.stderr)
+        return 2
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o700)
+    paths = _paths(root)
+    argv = [sys.executable, "-m", "tests.lab.cli", "serve", "--dir", str(root)]
+    if not healthy:
+        argv.append("--no-healthy")
+    python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": python_path}
+    with paths["log"].open("ab") as log:
+        # Its own session: it outlives this shell and ignores the terminal's Ctrl-C.
+        process = subprocess.Popen(
+            argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True,
+        )
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        info = _read_info(root)
+        if info is not None and info.pid == process.pid:
+            print(describe(info), end="")
+            return 0
+        if process.poll() is not None:
+            print(f"the lab failed to start (exit {process.returncode}); its log, {paths['log']}:",
+                  file=sys.stderr)
+            print(_tail(paths["log"]), file=sys.stderr)
+            _teardown_leftovers(root)
+            return 1
+        time.sleep(0.2)
+    print(f"the lab did not come up within {START_TIMEOUT:.0f}s; see {paths['log']}", file=sys.stderr)
+    return 1
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return ""
+
+
+def status(root: Path) -> int:
+    pid = _read_pid(root)
+    info = _read_info(root)
+    if pid is None or not _is_lab_process(pid, root):
+        print(f"no lab running (state dir {root}{'' if root.exists() else ': absent'})")
+        return 3
+    if info is None:
+        print(f"the lab is starting (pid {pid})")
+        return 0
+    print(describe(info), end="")
+    reachable = _port_open(info.node_address, info.node_port)
+    repo_host, repo_port = info.repo_base.split("//", 1)[1].split("/", 1)[0].split(":")
+    repo_up = _port_open(repo_host, int(repo_port))
+    print(f"  checks: sshd {'up' if reachable else 'DOWN'}, apt repo {'up' if repo_up else 'DOWN'}")
+    return 0 if reachable and repo_up else 1
+
+
+def env_lines(root: Path) -> int:
+    info = _read_info(root)
+    if info is None or not _is_lab_process(info.pid, root):
+        print("no lab running: start it with `scripts/lab.sh up`", file=sys.stderr)
+        return 3
+    print(info.exports(), end="")
+    return 0
+
+
+def down(root: Path) -> int:
+    pid = _read_pid(root)
+    if pid is not None and _is_lab_process(pid, root):
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_TIMEOUT
+        while _is_lab_process(pid, root) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _is_lab_process(pid, root):
+            print(f"the lab (pid {pid}) did not stop in {STOP_TIMEOUT:.0f}s; killing it", file=sys.stderr)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    existed = root.exists()
+    _teardown_leftovers(root)
+    print("lab stopped and removed" if existed else f"no lab state at {root}; nothing to do")
+    return 0
+
+
+def _node_dirs(root: Path) -> Iterator[Path]:
+    nodes = root / "bed" / "nodes"
+    if nodes.is_dir():
+        yield from sorted(p for p in nodes.iterdir() if p.is_dir())
+
+
+def _teardown_leftovers(root: Path) -> None:
+    """Stop whatever a dead `serve` left (containers by their recorded PID 1, sshd by its pid file),
+    unmount anything under root still mounted here, and remove root."""
+    for node_dir in _node_dirs(root):
+        if (node_dir / "pve").is_dir():
+            for ct in NodeState(node_dir / "pve").containers():
+                with contextlib.suppress(Exception):
+                    ct.stop()
+        sshd_pid_file = node_dir / "sshd" / "sshd.pid"
+        with contextlib.suppress(OSError, ValueError):
+            sshd_pid = int(sshd_pid_file.read_text().strip())
+            cmdline = Path(f"/proc/{sshd_pid}/cmdline").read_bytes()
+            if b"sshd" in cmdline and str(node_dir).encode() in cmdline:
+                os.killpg(sshd_pid, signal.SIGTERM)
+    for mount_point in _mounts_under(root):
+        subprocess.run(["umount", "--lazy", mount_point], check=False)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points below root in this mount namespace, deepest first (normally none)."""
+    prefix = str(root.resolve()) + "/"
+    found = []
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            mount_point = line.split()[4]
+            if mount_point.startswith(prefix):
+                found.append(mount_point)
+    return sorted(found, key=len, reverse=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/lab.sh", description=__doc__.split("\n\n")[0])
+    parser.add_argument("command", choices=["up", "down", "status", "env", "serve"])
+    parser.add_argument("--dir", type=Path, default=None,
+                        help=f"lab directory (default: ${LAB_DIR_ENV}, else {DEFAULT_LAB_DIR})")
+    parser.add_argument("--no-healthy", action="store_true", help="only the two problem containers")
+    args = parser.parse_args(argv)
+    root = (args.dir or lab_dir()).absolute()
+    healthy = not args.no_healthy
+    if args.command == "up":
+        return up(root, healthy=healthy)
+    if args.command == "down":
+        return down(root)
+    if args.command == "status":
+        return status(root)
+    if args.command == "env":
+        return env_lines(root)
+    return serve(root, healthy=healthy)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `scripts/lab.sh status | head`: the reader left; not an error of the lab
+        sys.exit(0)

@@ -1,0 +1,293 @@
+"""build-extensions.yaml and cuda-toolkit-pip.yaml, rendered and run on this machine against stand-ins: a
+fake interpreter (answers torch's CUDA, imports from a state dir, records what `pip install` got) and fake
+toolkits (an nvcc that prints the real banner). The real builds are in tests/e2e/test_build_extensions.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from fleetfix.playbook.model import load_playbook
+from fleetfix.playbook.render import compile_playbook
+from fleetfix.playbook.runner import TargetPlan, TargetRun, plan_target, run_target
+from fleetfix.transport.base import Transport
+from tests.unit.playbook.conftest import REPO, SubprocessTransport, make_target
+
+BUILD = REPO / "playbooks" / "build-extensions.yaml"
+TOOLKIT_PIP = REPO / "playbooks" / "cuda-toolkit-pip.yaml"
+US = "\x1f"
+
+FAKE_PYTHON = """#!/bin/sh
+# Stand-in interpreter: torch is CUDA $FAKE_TORCH_CUDA; a module imports once $STATE/built-<module> exists;
+# `-m pip install` records its argv and environment, then "builds" the modules in $FAKE_PROVIDES.
+state={state}
+case "$1" in
+  -c)
+    code=$2; shift 2
+    case "$code" in
+      *torch.version.cuda*) echo "$FAKE_TORCH_CUDA" ;;
+      *sys.prefix*) echo "" ;;
+      *import_module*)
+        for m in "$@"; do
+          [ -e "$state/built-$m" ] || {{ echo "ModuleNotFoundError: No module named '$m'" >&2; exit 1; }}
+        done ;;
+      *"import setuptools"*) exit 0 ;;
+      *) echo "fake python: unexpected -c $code" >&2; exit 2 ;;
+    esac ;;
+  -m)
+    printf '%s\\n' "$@" > "$state/pip-args"
+    env > "$state/pip-env"
+    if [ -n "${{FAKE_PIP_FAIL:-}}" ]; then echo "nvcc fatal : fake failure" >&2; exit 1; fi
+    for m in $FAKE_PROVIDES; do : > "$state/built-$m"; done
+    echo "Successfully installed fake" ;;
+  *) echo "fake python: unexpected $*" >&2; exit 2 ;;
+esac
+"""
+
+
+def nvcc_banner(version: str) -> str:
+    return ("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
+            f"Cuda compilation tools, release {version}, V{version}.88\nBuild cuda_{version}\n")
+
+
+def fake_toolkit(root: Path, version: str, *, headers: bool = True, libcudart: bool = True) -> Path:
+    (root / "bin").mkdir(parents=True)
+    nvcc = root / "bin" / "nvcc"
+    nvcc.write_text(f"#!/bin/sh\ncat <<'EOF'\n{nvcc_banner(version)}EOF\n")
+    nvcc.chmod(0o755)
+    if headers:
+        (root / "include").mkdir()
+        (root / "include" / "cuda_runtime_api.h").write_text("/* fake */\n")
+    if libcudart:
+        (root / "lib64").mkdir()
+        (root / "lib64" / "libcudart.so.13").write_text("fake\n")
+        (root / "lib64" / "libcudart.so").symlink_to("libcudart.so.13")
+    return root
+
+
+@pytest.fixture
+def fake_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    state = tmp_path / "state"
+    state.mkdir()
+    python = tmp_path / "bin" / "python"
+    python.parent.mkdir()
+    python.write_text(FAKE_PYTHON.format(state=state))
+    python.chmod(0o755)
+    monkeypatch.setenv("FAKE_TORCH_CUDA", "13.0")
+    monkeypatch.setenv("FAKE_PROVIDES", "causal_conv1d_cuda causal_conv1d")
+    monkeypatch.delenv("FAKE_PIP_FAIL", raising=False)
+    return python
+
+
+def plan(path: Path, facts: dict[str, Any], **cli_vars: Any) -> TargetPlan:
+    book = load_playbook(path)
+    return plan_target([compile_playbook(b) for b in book.chain()], make_target("pve1/101"), facts, cli_vars)
+
+
+def cu130(facts: dict[str, Any], python: Path | str = "/usr/bin/python3") -> dict[str, Any]:
+    facts["torch"] = {"version": "2.14.1+cu130", "cuda": "13.0", "interpreter": str(python)}
+    return facts
+
+
+def run_build(facts: dict[str, Any], tmp_path: Path, *, check: bool = False, **cli_vars: Any) -> TargetRun:
+    # cast: the shared SubprocessTransport predates the protocol's optional on_output parameter.
+    transport = cast(Transport, SubprocessTransport(tmp_path))
+    return run_target(plan(BUILD, facts, **cli_vars), transport, check=check)
+
+
+def plan_lines(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
+    text = plan(BUILD, facts, **cli_vars).plays[0].vars["extension_plan"]
+    return [line.split(US) for line in text.splitlines()]
+
+
+def sh(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["/bin/sh", "-s"], input=script, text=True, capture_output=True, cwd=cwd,
+                          check=False)
+
+
+# ---------------------------------------------------------------- vars
+
+
+def test_defaults_come_from_the_facts(facts: dict[str, Any]) -> None:
+    found = plan(BUILD, facts).plays[0].vars
+    assert found["python"] == "/usr/bin/python3" and found["cuda_xy"] == "12.8"
+    assert found["max_jobs"] == "4"          # 8 cpus, 16 GiB: one job per 4 GiB
+    assert found["cuda_arch_list"] == "8.9"  # the L40S
+    assert plan_lines(facts) == [["causal-conv1d", "causal_conv1d_cuda causal_conv1d",
+                                  "CAUSAL_CONV1D_FORCE_BUILD=TRUE"]]
+
+
+@pytest.mark.parametrize(("cpus", "mem_mb", "jobs"), [(2, 2048, "1"), (2, 65536, "2"), (64, 32768, "8"),
+                                                      (None, None, "1")])
+def test_max_jobs_is_bounded_by_cores_and_memory(facts: dict[str, Any], cpus: int | None, mem_mb: int | None,
+                                                 jobs: str) -> None:
+    facts["build"].update(cpus=cpus, mem_total_mb=mem_mb)
+    assert plan(BUILD, facts).plays[0].vars["max_jobs"] == jobs
+
+
+def test_extension_entries_from_the_command_line(facts: dict[str, Any]) -> None:
+    facts["gpu"]["compute_caps"] = ["8.0", "9.0", "9.0"]
+    given = "causal_conv1d==1.7.0, flash-attn MAMBA_SSM /src/tiny=tiny_cuda+tiny"
+    lines = plan_lines(facts, extensions=given)
+    assert lines == [
+        ["causal_conv1d==1.7.0", "causal_conv1d_cuda causal_conv1d", "CAUSAL_CONV1D_FORCE_BUILD=TRUE"],
+        ["flash-attn", "flash_attn_2_cuda flash_attn",
+         "FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=80;90"],
+        ["mamba-ssm", "selective_scan_cuda mamba_ssm", "MAMBA_FORCE_BUILD=TRUE MAMBA_KEEP_CUDA_BUILD=TRUE"],
+        ["/src/tiny", "tiny_cuda tiny", ""],
+    ]
+
+
+def test_probe_fix_vars_are_accepted(facts: dict[str, Any]) -> None:
+    # EXTENSION_MISSING's fix: module spelling, a list, the interpreter and torch's CUDA.
+    lines = plan_lines(facts, extensions=["causal_conv1d"], python="/opt/venv/bin/python",
+                       cuda_version="12.8")
+    assert lines[0][:2] == ["causal-conv1d", "causal_conv1d_cuda causal_conv1d"]
+
+
+def test_unknown_extension_is_refused_and_values_stay_data(facts: dict[str, Any], tmp_path: Path) -> None:
+    hostile = "/tmp/x`touch${IFS}PWNED`;$(touch${IFS}PWNED)=m"
+    planned = plan(BUILD, facts, extensions=f"causal-conv1d,left-pad,{hostile}")
+    check = planned.plays[0].steps[0].rendered
+    assert check is not None and check.check is not None
+    done = sh(check.check, tmp_path)
+    assert done.returncode == 1
+    assert "unknown extension(s): left-pad:" in done.stderr and "SPEC=MODULE" in done.stderr
+    assert not (tmp_path / "PWNED").exists()
+
+
+# ---------------------------------------------------------------- toolkit assertion
+
+
+def test_major_mismatch_is_refused_with_the_finding(facts: dict[str, Any], fake_python: Path,
+                                                    tmp_path: Path) -> None:
+    home = fake_toolkit(tmp_path / "cuda-12.8", "12.8")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    failed = [s for s in run.steps if s.status == "failed"]
+    assert [s.name for s in failed] == ["toolkit matches torch"]
+    assert "CUDA_TOOLKIT_MAJOR_MISMATCH: " in failed[0].reason
+    assert "CUDA 12.8 but torch was built with CUDA 13.0" in failed[0].reason
+    assert "run playbooks/cuda-toolkit.yaml first" in failed[0].reason
+    assert [s.name for s in run.steps][-1] == "toolkit matches torch"   # nothing after it ran
+    assert not (fake_python.parent.parent / "state" / "pip-args").exists()
+
+
+def test_toolkit_without_cudart_dev_is_refused(facts: dict[str, Any], fake_python: Path,
+                                               tmp_path: Path) -> None:
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0", libcudart=False)
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert run.status == "failed"
+    assert "no lib64/libcudart.so" in run.steps[-1].reason
+
+
+# ---------------------------------------------------------------- the build step
+
+
+def test_build_sets_cuda_home_jobs_arch_and_switches(facts: dict[str, Any], fake_python: Path,
+                                                     tmp_path: Path) -> None:
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home),
+                    pip_args="--no-index --find-links /srv/wheels")
+    assert run.status == "changed", [(s.name, s.status, s.reason, s.stderr) for s in run.steps]
+    assert [s.status for s in run.steps] == ["ok", "ok", "ok", "ok", "ok", "changed"]
+    state = fake_python.parent.parent / "state"
+    env = dict(line.split("=", 1) for line in (state / "pip-env").read_text().splitlines() if "=" in line)
+    assert env["CUDA_HOME"] == str(home) and env["PATH"].startswith(f"{home}/bin:{fake_python.parent}:")
+    assert env["MAX_JOBS"] == "4" and env["TORCH_CUDA_ARCH_LIST"] == "8.9"
+    assert env["CAUSAL_CONV1D_FORCE_BUILD"] == "TRUE"
+    argv = (state / "pip-args").read_text().split()
+    assert argv[:3] == ["-m", "pip", "install"]
+    assert "--no-build-isolation" in argv and "--no-cache-dir" in argv
+    assert argv[-4:] == ["--no-index", "--find-links", "/srv/wheels", "causal-conv1d"]
+    assert run.steps[-1].reason.startswith("== causal-conv1d: built in")
+
+    again = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert again.status == "ok"
+
+
+def test_a_pure_python_install_fails_verification(facts: dict[str, Any], fake_python: Path, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # pip "succeeds" but only the python package appears (the SKIP_CUDA_BUILD trap, DOMAIN.md 3.1).
+    monkeypatch.setenv("FAKE_PROVIDES", "causal_conv1d")
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert run.status == "failed" and run.steps[-1].name == "extensions built"
+    assert "causal_conv1d_cuda" in run.steps[-1].stdout + run.steps[-1].reason
+
+
+def test_failed_build_names_the_extension(facts: dict[str, Any], fake_python: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FAKE_PIP_FAIL", "1")
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert run.status == "failed"
+    assert run.steps[-1].reason.endswith("build failed: causal-conv1d")
+    assert "nvcc fatal : fake failure" in run.steps[-1].stderr   # the build log is kept
+
+
+def test_check_mode_builds_nothing(facts: dict[str, Any], fake_python: Path, tmp_path: Path) -> None:
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, check=True, cuda_home=str(home))
+    assert run.status == "would-change" and run.steps[-1].status == "would-change"
+    assert not (fake_python.parent.parent / "state" / "pip-args").exists()
+
+
+# ---------------------------------------------------------------- cuda-toolkit-pip
+
+
+def test_pip_packages_per_cuda_major(facts: dict[str, Any]) -> None:
+    assert plan(TOOLKIT_PIP, facts).plays[0].vars["pip_packages"].split() == [
+        "nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-runtime-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"]
+    assert plan(TOOLKIT_PIP, cu130(facts)).plays[0].vars["pip_packages"] == \
+        "cuda-toolkit[nvcc,cudart,cccl,crt]==13.0.*"
+
+
+def wheel_tree(site: Path, layout: str) -> None:
+    """What NVIDIA's wheels put under site-packages/nvidia: 13.x merged cu13/, 12.x one dir per component."""
+    if layout == "13":
+        nvcc_root = runtime = cccl = site / "nvidia" / "cu13"
+        version, lib = "13.0", "libcudart.so.13"
+    else:
+        nvcc_root, runtime, cccl = (site / "nvidia" / p for p in ("cuda_nvcc", "cuda_runtime", "cuda_cccl"))
+        version, lib = "12.8", "libcudart.so.12"
+    fake_toolkit(nvcc_root, version, headers=False, libcudart=False)
+    (nvcc_root / "nvvm" / "bin").mkdir(parents=True)
+    for directory, name in ((runtime, "cuda_runtime_api.h"), (cccl, "cub/cub.cuh")):
+        (directory / "include" / name).parent.mkdir(parents=True, exist_ok=True)
+        (directory / "include" / name).write_text("/* fake */\n")
+    (runtime / "lib").mkdir(exist_ok=True)
+    (runtime / "lib" / lib).write_text("fake\n")
+
+
+@pytest.mark.parametrize(("layout", "version"), [("13", "13.0"), ("12", "12.8")])
+def test_cuda_home_farm_from_the_wheel_layout(facts: dict[str, Any], tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch, layout: str,
+                                              version: str) -> None:
+    site = tmp_path / "site"
+    wheel_tree(site, layout)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    home = tmp_path / f"cuda-{version}"
+    facts["torch"] = {"version": "x", "cuda": version, "interpreter": sys.executable}
+    planned = plan(TOOLKIT_PIP, facts, cuda_home=str(home)).plays[0].steps
+    steps = {p.compiled.step.name: p.rendered for p in planned}
+    farm = steps["CUDA_HOME assembled"]
+    assert farm is not None and farm.check is not None and farm.apply is not None
+    assert sh(farm.check, tmp_path).returncode == 1                 # not there yet: would change
+    applied = sh(farm.apply, tmp_path)
+    assert applied.returncode == 0, applied.stderr
+    checked = sh(farm.check, tmp_path)
+    assert checked.returncode == 0, checked.stdout
+    assert checked.stdout.strip().endswith(f"CUDA_HOME={home} (nvcc release {version})")
+    assert os.readlink(home / "lib64" / "libcudart.so") == f"libcudart.so.{version.split('.')[0]}"
+    assert (home / "include" / "cub" / "cub.cuh").is_file() and (home / "nvvm" / "bin").is_dir()
+    nvcc = steps["nvcc wheels installed"]
+    assert nvcc is not None and nvcc.check is not None
+    found = sh(nvcc.check, tmp_path)
+    assert found.returncode == 0 and f"nvcc {version}:" in found.stdout
+    # Re-assembling replaces the farm in place (idempotent apply).
+    assert sh(farm.apply, tmp_path).returncode == 0 and sh(farm.check, tmp_path).returncode == 0

@@ -1,0 +1,127 @@
+"""The README and docs/ stay navigable and truthful: links resolve, every doc is reachable from the README,
+the README's test command is the one CI runs, and the checked docs really contain checked commands."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+from tests.e2e.test_docs_tutorial import CHECKED_DOCS, console_commands
+
+REPO = Path(__file__).resolve().parents[2]
+README = REPO / "README.md"
+DOCS = sorted((REPO / "docs").glob("*.md"))
+# [text](target) outside code; images too. Reference-style links are not used in this project.
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
+FENCE = re.compile(r"^(```|~~~)")
+
+
+def prose(text: str) -> str:
+    """text without fenced code blocks and inline code, where [x](y) is not a link."""
+    kept, in_code = [], False
+    for line in text.splitlines():
+        if FENCE.match(line.lstrip()):
+            in_code = not in_code
+            continue
+        if not in_code:
+            kept.append(re.sub(r"`[^`]*`", "", line))
+    return "\n".join(kept)
+
+
+def relative_links(path: Path) -> list[str]:
+    links = LINK.findall(prose(path.read_text()))
+    return [link for link in links if not re.match(r"^[a-z][a-z0-9+.-]*:", link) and not link.startswith("#")]
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """GitHub's anchors: lower case, punctuation dropped, spaces to hyphens."""
+    anchors = set()
+    for line in prose(path.read_text()).splitlines():
+        heading = re.match(r"^#{1,6}\s+(.*)$", line)
+        if heading:
+            text = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower())
+            anchors.add(text.replace(" ", "-"))
+    return anchors
+
+
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_resolves(path: Path) -> None:
+    broken = []
+    for link in relative_links(path):
+        target, _, anchor = unquote(link).partition("#")
+        resolved = (path.parent / target).resolve() if target else path
+        if not resolved.exists():
+            broken.append(f"{link} (no such file: {resolved.relative_to(REPO)})")
+        elif anchor and resolved.suffix == ".md" and anchor not in heading_anchors(resolved):
+            broken.append(f"{link} (no heading #{anchor} in {resolved.relative_to(REPO)})")
+    assert not broken, f"{path.relative_to(REPO)}: broken links: {broken}"
+
+
+def test_the_link_check_sees_links_and_would_catch_a_broken_one(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "See [a](missing.md) and [b](https://example.org) and `[c](x.md)`.\n```\n[d](y.md)\n```\n"
+    )
+    assert relative_links(page) == ["missing.md"]
+
+
+def test_every_doc_is_linked_from_the_readme() -> None:
+    linked = {(README.parent / unquote(link).partition("#")[0]).resolve() for link in relative_links(README)}
+    unlinked = [str(doc.relative_to(REPO)) for doc in DOCS if doc.resolve() not in linked]
+    assert not unlinked, f"docs not linked from README.md: {unlinked}"
+
+
+def ci_test_command() -> str:
+    """The command .ci/run runs after its `# The README's test command:` comment."""
+    lines = (REPO / ".ci" / "run").read_text().splitlines()
+    marker = next(i for i, line in enumerate(lines) if line.strip() == "# The README's test command:")
+    return lines[marker + 1].strip()
+
+
+def test_readme_test_command_is_the_one_ci_runs() -> None:
+    command = ci_test_command()
+    assert shlex.split(command)[:3] == ["python3", "-m", "pytest"], command
+    readme = README.read_text()
+    code_lines = {line.split("#")[0].strip() for line in readme.splitlines()}
+    assert command in code_lines, f"README.md does not show .ci/run's test command {command!r}"
+    assert "bash .ci/run" in readme
+
+
+def test_readme_setup_installs_and_runs_the_main_job() -> None:
+    assert "pip install -e . && fleetfix probe --local" in README.read_text()
+
+
+@pytest.mark.parametrize("doc", CHECKED_DOCS)
+def test_checked_docs_have_checked_fleetfix_commands(doc: str) -> None:
+    """The docs test must not pass by finding nothing to run: each doc has commands with checked lines."""
+    commands = [c for c in console_commands(doc, (REPO / doc).read_text()) if c.is_fleetfix]
+    assert len(commands) >= 2, doc
+    assert sum(len(c.checked) for c in commands) >= 5, doc
+
+
+def test_console_parser_reads_commands_exit_codes_continuations_and_checked_lines() -> None:
+    text = "\n".join([
+        "```console",
+        "$ fleetfix probe -i $LAB_INVENTORY   # exit 3",
+        "== t error (0.1s)",
+        "   nvcc         none      # checked",
+        "$ fleetfix apply x.yaml \\",
+        "    --check",
+        "train-a  ok  # checked",
+        "$ scripts/lab.sh up",
+        "```",
+        "```sh",
+        "$ fleetfix not-in-a-console-block",
+        "```",
+    ])
+    commands = console_commands("doc.md", text)
+    assert [(c.line, c.exit_code, c.checked, c.is_fleetfix) for c in commands] == [
+        (2, 3, ["   nvcc         none"], True),
+        (5, 0, ["train-a  ok"], True),
+        (8, 0, [], False),
+    ]
+    assert commands[1].command == "fleetfix apply x.yaml \\\n    --check"
