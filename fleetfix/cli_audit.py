@@ -46,7 +46,7 @@ def _emit(run: Any, *, as_json: bool, html: str | None = None, junit: str | None
               help="Policy YAML (default: the built-in policy; see docs/audit.md).")
 @click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
 @click.option("--deep", is_flag=True, help="Also import torch and the extensions (slower, touches the GPU).")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Write an HTML page.")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML.")
 @click.option("--prometheus", type=click.Path(dir_okay=False), default=None,
@@ -181,7 +181,7 @@ def _emit_audit(run: Any, final: Any, *, as_json: bool, html: str | None, junit:
 
 @audit_group.command("history")
 @click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
-@click.option("-n", "--limit", "count", type=click.IntRange(1), default=20, show_default=True,
+@click.option("-n", "--last", "count", type=click.IntRange(1), default=20, show_default=True,
               help="How many runs.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
@@ -211,7 +211,7 @@ def audit_history(db: str | None, count: int, as_json: bool) -> None:
 @audit_group.command("show")
 @click.argument("run_ref", metavar="RUN")
 @click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--html", type=click.Path(dir_okay=False), default=None, help="Write an HTML page.")
 @click.option("--junit", type=click.Path(dir_okay=False), default=None, help="Write JUnit XML.")
 @click.option("--prometheus", type=click.Path(dir_okay=False), default=None, help="Write metrics.")

@@ -262,13 +262,18 @@ class _StepRunner:
         self.recorder.event("script-start", **where, script=script)
         started = time.monotonic()
         error: str | None = None
+        # What arrived so far, kept even when the link drops mid-script: the record says how far it got.
+        partial: dict[Stream, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
         try:
-            result = run_script(self.transport, script, timeout=self.step.timeout, on_output=self._sink())
+            result = run_script(self.transport, script, timeout=self.step.timeout,
+                                on_output=self._sink(partial))
         except CommandTimeoutError as exc:  # the step's own timeout: a failed step, not a lost target
             result = CommandResult(-1, "", str(exc), time.monotonic() - started, timed_out=True)
         except TransportError as exc:
             error = str(exc)
-            self.recorder.event("script-end", **where, rc=None, stdout="", stderr="",
+            self.recorder.event("script-end", **where, rc=None,
+                                stdout=partial["stdout"].decode(errors="replace"),
+                                stderr=partial["stderr"].decode(errors="replace"),
                                 duration=time.monotonic() - started, timed_out=False, error=error)
             lost = self._result("failed", f"{phase}: {exc}")
             raise _TargetLost(lost, exc) from None
@@ -279,15 +284,16 @@ class _StepRunner:
                             duration=run.duration, timed_out=run.timed_out, error=None)
         return run
 
-    def _sink(self) -> OutputSink | None:
-        """The transport-level sink for this step's scripts: on_output with the target and step bound."""
+    def _sink(self, partial: dict[Stream, bytearray]) -> OutputSink:
+        """The transport-level sink for this step's scripts: keeps the output in partial, and passes it to
+        on_output with the target and step bound."""
         handler = self.on_output
-        if handler is None:
-            return None
         target, name = self.plan.target, self.step.name
 
         def sink(stream: Stream, chunk: bytes) -> None:
-            handler(target, name, stream, chunk)
+            partial[stream] += chunk
+            if handler is not None:
+                handler(target, name, stream, chunk)
 
         return sink
 

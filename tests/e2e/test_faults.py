@@ -410,6 +410,7 @@ def test_7_link_cut_mid_step_is_recorded_and_a_rerun_completes(
     steps = run_detail(state, run["run_id"])["targets"][name]["steps"]
     assert [(s["name"], s["status"]) for s in steps] == [("before", "changed"), ("long", "failed")]
     assert steps[1]["scripts"][-1]["error"], "the lost script's error is recorded"
+    assert "started long" in steps[1]["scripts"][-1]["stdout"], "and what it printed before the cut"
     assert (ct.upper_dir / "root/before").exists() and not (ct.upper_dir / "root/long").exists()
 
     rerun = run_cli("apply", str(playbook), "-i", str(inventory), "--state-dir", str(state), "--json",
@@ -662,6 +663,7 @@ def test_12_ctrl_c_during_audit_keeps_finished_targets(
     assert all("interrupted" in t["error"] for t in report["targets"] if t["status"] == "failed")
     [run] = audit_history(db)
     assert run["targets"] == 10
+    assert run["status"] == "incomplete"  # never the drift baseline of the next audit
 
 
 # -- row 13: the controller SIGKILLed mid-run --------------------------------------------------------
