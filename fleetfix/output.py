@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -192,11 +193,16 @@ def _fix_text(finding: Any) -> str:
     fix = finding.fix
     parts = []
     if getattr(fix, "playbook", None):
-        extra = " ".join(f"--var {k}={v}" for k, v in (fix.vars or {}).items())
+        extra = " ".join(f"--var {shlex.quote(f'{k}={_var_text(v)}')}" for k, v in (fix.vars or {}).items())
         parts.append(f"fleetfix apply {fix.playbook}" + (f" {extra}" if extra else ""))
     if getattr(fix, "hint", None):
         parts.append(fix.hint)
     return " — ".join(parts)
+
+
+def _var_text(value: Any) -> str:
+    """A var as `--var` takes it: lists comma-separated (build-extensions reads `a,b`)."""
+    return ",".join(str(v) for v in value) if isinstance(value, list | tuple) else str(value)
 
 
 def _summary(reports: Sequence[TargetReport]) -> dict[str, int]:

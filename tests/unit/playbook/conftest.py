@@ -16,7 +16,7 @@ import pytest
 from fleetfix.errors import FleetfixError, TransportError
 from fleetfix.playbook.model import Playbook, parse_playbook
 from fleetfix.target import NodeRef, Target
-from fleetfix.transport.base import CommandResult, Transport
+from fleetfix.transport.base import CommandResult, OutputSink, Transport
 
 REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "playbooks"
@@ -79,8 +79,8 @@ class SubprocessTransport:
         self.cwd, self.label = cwd, label
         self.scripts: list[str] = []
 
-    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
-                ) -> CommandResult:
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+                on_output: OutputSink | None = None) -> CommandResult:
         self.scripts.append(stdin.decode())
         started = time.monotonic()
         try:
@@ -88,6 +88,9 @@ class SubprocessTransport:
                                   timeout=timeout, check=False)
         except subprocess.TimeoutExpired:
             return CommandResult(-1, "", "", time.monotonic() - started, timed_out=True)
+        if on_output is not None:  # not live, but every byte reaches the sink, as the protocol promises
+            on_output("stdout", done.stdout)
+            on_output("stderr", done.stderr)
         return CommandResult(done.returncode, done.stdout.decode(), done.stderr.decode(),
                              time.monotonic() - started)
 

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
@@ -95,8 +95,7 @@ def cu130(facts: dict[str, Any], python: Path | str = "/usr/bin/python3") -> dic
 
 
 def run_build(facts: dict[str, Any], tmp_path: Path, *, check: bool = False, **cli_vars: Any) -> TargetRun:
-    # cast: the shared SubprocessTransport predates the protocol's optional on_output parameter.
-    transport = cast(Transport, SubprocessTransport(tmp_path))
+    transport: Transport = SubprocessTransport(tmp_path)
     return run_target(plan(BUILD, facts, **cli_vars), transport, check=check)
 
 

@@ -16,7 +16,7 @@ import pytest
 from fleetfix.playbook.model import load_playbook
 from fleetfix.playbook.records import RunRecorder, load_run
 from fleetfix.playbook.runner import run_playbook
-from fleetfix.transport.base import CommandResult
+from fleetfix.transport.base import CommandResult, OutputSink
 from tests.lab.aptrepo import AptRepo, BuiltRepo, build_repo, serve_repo
 from tests.lab.container import Container, NodeState, tree_digest
 from tests.unit.playbook.conftest import REPO, StandInFleet, make_target, problem_facts
@@ -35,13 +35,16 @@ class ContainerTransport:
     def __init__(self, container: Container) -> None:
         self.container, self.label = container, f"ct{container.ctid}"
 
-    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
-                ) -> CommandResult:
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+                on_output: OutputSink | None = None) -> CommandResult:
         started = time.monotonic()
         try:
             done = self.container.exec(list(argv), input=stdin, timeout=timeout or 300)
         except subprocess.TimeoutExpired:
             return CommandResult(-1, "", "", time.monotonic() - started, timed_out=True)
+        if on_output is not None:
+            on_output("stdout", done.stdout)
+            on_output("stderr", done.stderr)
         return CommandResult(done.returncode, done.stdout.decode(errors="replace"),
                              done.stderr.decode(errors="replace"), time.monotonic() - started)
 
