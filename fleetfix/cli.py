@@ -15,13 +15,19 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
 from types import FrameType
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
 from fleetfix import __version__
-from fleetfix.errors import FleetfixError
+from fleetfix.errors import ConfigError, FleetfixError
+
+if TYPE_CHECKING:
+    from fleetfix.snapshots import SnapshotPolicy
+    from fleetfix.target import Target
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_FINDINGS, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
@@ -56,6 +62,122 @@ def targeting_options(func: F) -> F:
     return func
 
 
+def local_option(func: F) -> F:
+    """`--local`: this machine as the one target, no SSH (probe, exec, apply)."""
+    return click.option("--local", is_flag=True,
+                        help="Act on this machine, no SSH (not with -i/--inventory or --host).")(func)
+
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How a playbook is rolled out: the options `apply` and `audit --remediate` share.
+
+    Declared once (`rollout_options`) and interpreted once (the methods below), so the two commands
+    cannot drift apart in names or meaning.
+    """
+
+    var_items: tuple[str, ...] = ()
+    check: bool = False
+    serial: int | None = None
+    max_fail: float | None = None
+    state_dir: str | None = None
+    snapshot: bool = False
+    rollback_on_failure: bool = False
+    keep_snapshots: int | None = None
+    allow_no_snapshot: bool = False
+
+    def given(self) -> list[str]:
+        """The options set on the command line, by their option names (for error messages)."""
+        return [_ROLLOUT_FLAGS[f.name] for f in fields(self) if _is_set(getattr(self, f.name))]
+
+    def variables(self) -> dict[str, str]:
+        return parse_var(self.var_items)
+
+    def snapshot_policy(self) -> SnapshotPolicy:
+        from fleetfix.snapshots import SnapshotPolicy
+
+        return SnapshotPolicy(
+            take=self.snapshot or self.rollback_on_failure or self.keep_snapshots is not None,
+            rollback_on_failure=self.rollback_on_failure, keep=self.keep_snapshots,
+            allow_no_snapshot=self.allow_no_snapshot,
+        )
+
+    def records_dir(self) -> str | Path:
+        from fleetfix.playbook import default_state_dir
+
+        return self.state_dir or default_state_dir()
+
+
+def _is_set(value: object) -> bool:
+    # Not `value in (None, False, ())`: --max-fail 0 is set, and 0.0 == False.
+    return value is not None and value is not False and value != ()
+
+
+_ROLLOUT_FLAGS = {
+    "var_items": "--var", "check": "--check", "serial": "--serial", "max_fail": "--max-fail",
+    "state_dir": "--state-dir", "snapshot": "--snapshot", "rollback_on_failure": "--rollback-on-failure",
+    "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
+}
+
+
+def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
+    def text(help_text: str) -> str:  # "With --remediate: set a ..." reads as one sentence
+        return help_prefix + help_text[0].lower() + help_text[1:] if help_prefix else help_text
+
+    return [
+        click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
+                     help=text("Set a playbook var (repeatable).")),
+        click.option("--check", is_flag=True,
+                     help=text("Run only `when` and `check`: report what would change, change nothing.")),
+        click.option("--serial", type=click.IntRange(1), default=None,
+                     help=text("Roll out in batches of N targets.")),
+        click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
+                     help=text("Stop starting new batches once more than PCT% of targets failed.")),
+        click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                     help=text("Where run records go (default: $FLEETFIX_STATE_DIR or "
+                               "~/.local/state/fleetfix).")),
+        click.option("--snapshot", is_flag=True,
+                     help=text("`pct snapshot` each container before its first change (never in --check "
+                               "mode).")),
+        click.option("--rollback-on-failure", is_flag=True,
+                     help=text("`pct rollback` a container whose apply failed (implies --snapshot).")),
+        click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
+                     help=text("Keep only the N newest fleetfix-* snapshots per container (implies "
+                               "--snapshot).")),
+        click.option("--allow-no-snapshot", is_flag=True,
+                     help=text("Change containers whose storage cannot snapshot (and nodes) anyway.")),
+    ]
+
+
+def rollout_options(help_prefix: str = "") -> Callable[[F], F]:
+    """Add the rollout options to a command; it receives them as one `rollout: RolloutOptions` argument.
+    help_prefix (e.g. "With --remediate: ") is put in front of every help text."""
+
+    def decorate(func: F) -> F:
+        names = [f.name for f in fields(RolloutOptions)]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            rollout = RolloutOptions(**{name: kwargs.pop(name) for name in names})
+            return func(*args, rollout=rollout, **kwargs)
+
+        decorated = cast(F, wrapper)
+        for option in reversed(_rollout_click_options(help_prefix)):
+            decorated = option(decorated)
+        return decorated
+
+    return decorate
+
+
+def check_local_alone(*, local: bool = False, inventory: str | None = None, host: str | None = None,
+                      **_: Any) -> None:
+    """--local names the one target; -i or --host besides it would be silently ignored: refuse instead."""
+    if local and (inventory or host):
+        clashing = (("-i/--inventory", inventory), ("--host", host))
+        given = " and ".join(flag for flag, value in clashing if value)
+        raise ConfigError(f"--local cannot be combined with {given}: --local acts on this machine only")
+
+
 def resolve_targets(
     *, inventory: str | None, limit: str | None, host: str | None, port: int, user: str,
     identity: str | None, known_hosts: str | None, accept_new: bool, ctids: Sequence[int],
@@ -67,6 +189,7 @@ def resolve_targets(
     from fleetfix.inventory import adhoc_targets, load_inventory, local_target, resolve_inventory_path
     from fleetfix.selection import select
 
+    check_local_alone(local=local, inventory=inventory, host=host)
     if local:
         targets = [local_target()]
     elif host:
@@ -163,7 +286,9 @@ def handle_errors(func: F) -> F:
             except FleetfixError as exc:
                 if click.get_current_context().find_root().params.get("verbose"):
                     raise
-                click.echo(f"fleetfix: error: {exc}", err=True)
+                from fleetfix.output import with_hint
+
+                click.echo(f"fleetfix: error: {with_hint(str(exc), exc)}", err=True)
                 sys.exit(EXIT_INTERRUPTED if interrupts.interrupted else exc.exit_code)
             except KeyboardInterrupt:
                 click.echo("fleetfix: interrupted", err=True)
@@ -196,6 +321,7 @@ def main(verbose: bool) -> None:
 
 @main.command("exec", context_settings={"ignore_unknown_options": True})
 @targeting_options
+@local_option
 @click.option("--timeout", type=click.FloatRange(0.1), default=None, help="Per-target command timeout (s).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
@@ -203,17 +329,42 @@ def main(verbose: bool) -> None:
 def exec_command(command: tuple[str, ...], timeout: float | None, as_json: bool, **opts: Any) -> None:
     """Run a command on targets; its arguments reach the remote side verbatim.
 
+    Each target's stdout is printed when it finishes, under a `== TARGET exit N` line; its stderr goes
+    to stderr as it arrives (as `TARGET ! line` when there are several targets), with secret-named vars
+    masked. Pipe stdout, watch stderr.
+
     \b
-    Example:
+    Examples:
       fleetfix exec --host 10.1.2.6 --ct 200 -- cat /etc/os-release
+      fleetfix exec --local -- nvcc --version
     """
     from fleetfix.fleet import Fleet
-    from fleetfix.output import render_exec
+    from fleetfix.output import LiveOutput, err_console, render_exec
+    from fleetfix.playbook.records import Redactor, secret_values
+    from fleetfix.transport.base import CommandResult, Transport
 
     targets = resolve_targets(**opts)
+    # --json carries stderr in its records: streaming it as well would only print it twice.
+    live: LiveOutput | None = None
+    if not as_json:
+        redactor = Redactor()
+        for target in targets:
+            redactor.add(secret_values(target.vars))
+        # One target: its stderr lines as the command wrote them (as over plain ssh); several: labelled.
+        live = LiveOutput(err_console, redact=redactor.text, labelled=len(targets) > 1)
+
+    def run(target: Target, transport: Transport) -> CommandResult:
+        if live is None:
+            return transport.execute(command, timeout=timeout)
+        stream_stderr = live.sink_for(target.name, streams=("stderr",))
+        try:
+            return transport.execute(command, timeout=timeout, on_output=stream_stderr)
+        finally:
+            live.flush(target.name)  # a last line without its newline
+
     with Fleet(forks=opts["forks"]) as fleet:
-        outcomes = fleet.map(targets, lambda _t, transport: transport.execute(command, timeout=timeout))
-    render_exec(outcomes, as_json=as_json)
+        outcomes = fleet.map(targets, run)
+    render_exec(outcomes, as_json=as_json, stderr_streamed=live is not None)
     if any(o.status == "unreachable" for o in outcomes):
         sys.exit(EXIT_UNREACHABLE)
     if any(o.value is None or not o.value.ok for o in outcomes):
@@ -244,7 +395,7 @@ def inventory_list(as_json: bool, **opts: Any) -> None:
 
 @main.command("probe")
 @targeting_options
-@click.option("--local", is_flag=True, help="Probe this machine, no SSH.")
+@local_option
 @click.option("--deep", is_flag=True, help="Also import torch and the extensions (slower, touches the GPU).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
@@ -287,30 +438,11 @@ def parse_var(values: Sequence[str]) -> dict[str, str]:
 @main.command("apply")
 @click.argument("playbook_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False))
 @targeting_options
-@click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
-              help="Set a playbook var (repeatable).")
-@click.option("--check", is_flag=True,
-              help="Run only `when` and `check`: report what would change, change nothing.")
-@click.option("--serial", type=click.IntRange(1), default=None, help="Roll out in batches of N targets.")
-@click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
-              help="Stop starting new batches once more than PCT% of targets failed.")
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="Where run records go (default: $FLEETFIX_STATE_DIR or ~/.local/state/fleetfix).")
-@click.option("--snapshot", is_flag=True,
-              help="`pct snapshot` each container before its first change (never in --check mode).")
-@click.option("--rollback-on-failure", is_flag=True,
-              help="`pct rollback` a container whose apply failed (implies --snapshot).")
-@click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
-              help="Keep only the N newest fleetfix-* snapshots per container (implies --snapshot).")
-@click.option("--allow-no-snapshot", is_flag=True,
-              help="Change containers whose storage cannot snapshot (and nodes) anyway.")
+@local_option
+@rollout_options()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @handle_errors
-def apply_command(
-    playbook_path: str, var_items: tuple[str, ...], check: bool, serial: int | None,
-    max_fail: float | None, state_dir: str | None, snapshot: bool, rollback_on_failure: bool,
-    keep_snapshots: int | None, allow_no_snapshot: bool, as_json: bool, **opts: Any,
-) -> None:
+def apply_command(playbook_path: str, rollout: RolloutOptions, as_json: bool, **opts: Any) -> None:
     """Apply a playbook to targets: ordered, idempotent steps; a recap per target at the end.
 
     With --snapshot (or `snapshot: true` in the playbook) each container is snapshotted on its node
@@ -319,34 +451,34 @@ def apply_command(
     \b
     Examples:
       fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --check
+      fleetfix apply playbooks/cuda-toolkit.yaml --local --check
       fleetfix apply playbooks/cuda-toolkit.yaml --host 10.1.2.6 --ct 200 \\
           --var cuda_repo_base=http://mirror.internal/compute/cuda/repos
       fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --snapshot --rollback-on-failure
     """
     from fleetfix.fleet import Fleet
     from fleetfix.output import LiveOutput, render_apply, step_printer
-    from fleetfix.playbook import RunRecorder, default_state_dir, load_playbook, run_playbook
+    from fleetfix.playbook import RunRecorder, load_playbook, run_playbook
     from fleetfix.playbook.records import Redactor
     from fleetfix.probing import gather_facts
-    from fleetfix.snapshots import SnapshotPolicy
 
+    check_local_alone(**opts)  # a usage error first, before any file is read
     playbook = load_playbook(playbook_path)
-    snapshots = SnapshotPolicy(
-        take=snapshot or rollback_on_failure or keep_snapshots is not None,
-        rollback_on_failure=rollback_on_failure, keep=keep_snapshots, allow_no_snapshot=allow_no_snapshot)
-    variables = parse_var(var_items)
+    snapshots = rollout.snapshot_policy()
+    variables = rollout.variables()
     targets = resolve_targets(**opts)
     verbose = bool(click.get_current_context().find_root().params.get("verbose"))
     redactor = Redactor()  # secret-named vars: masked in everything printed, live lines included
     live = LiveOutput(redact=redactor.text) if verbose and not as_json else None  # -v: stream output
     with (
         Fleet(forks=opts["forks"]) as fleet,
-        RunRecorder(state_dir or default_state_dir()) as recorder,
+        RunRecorder(rollout.records_dir()) as recorder,
     ):
         run = run_playbook(
             playbook, targets, fleet_map=fleet.map,
             facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-            vars=variables, check=check, recorder=recorder, serial=serial, max_fail_pct=max_fail,
+            vars=variables, check=rollout.check, recorder=recorder, serial=rollout.serial,
+            max_fail_pct=rollout.max_fail,
             on_step=None if as_json else step_printer(verbose=verbose, live=live),
             on_output=None if live is None else live.on_output,
             snapshots=snapshots, node_for=fleet.node_transport, redactor=redactor,

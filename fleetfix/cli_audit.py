@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from fleetfix.cli import handle_errors, parse_var, resolve_targets, targeting_options
+from fleetfix.cli import RolloutOptions, handle_errors, resolve_targets, rollout_options, targeting_options
 
 DB_HELP = "History database (default: $FLEETFIX_AUDIT_DB, else <state dir>/audit.db)."
 
@@ -54,30 +54,12 @@ def _emit(run: Any, *, as_json: bool, html: str | None = None, junit: str | None
 @click.option("--remediate", "remediate_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False),
               default=None, help="After the audit, apply PLAYBOOK to the targets with error findings and "
                                  "re-probe them (recorded as a second run).")
-@click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
-              help="Set a playbook var for --remediate (repeatable).")
-@click.option("--check", is_flag=True, help="With --remediate: report what would change, change nothing.")
-@click.option("--serial", type=click.IntRange(1), default=None,
-              help="With --remediate: roll out in batches of N targets.")
-@click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
-              help="With --remediate: stop starting new batches once more than PCT% of targets failed.")
-@click.option("--state-dir", type=click.Path(file_okay=False), default=None,
-              help="With --remediate: where the apply run record goes (as for `apply`).")
-@click.option("--snapshot", is_flag=True,
-              help="With --remediate: `pct snapshot` each container before its first change.")
-@click.option("--rollback-on-failure", is_flag=True,
-              help="With --remediate: `pct rollback` a container whose apply failed (implies --snapshot).")
-@click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
-              help="With --remediate: keep only the N newest fleetfix-* snapshots per container.")
-@click.option("--allow-no-snapshot", is_flag=True,
-              help="With --remediate: change containers whose storage cannot snapshot anyway.")
+@rollout_options(help_prefix="With --remediate: ")
 @click.pass_context
 @handle_errors
 def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, deep: bool, as_json: bool,
                 html: str | None, junit: str | None, prometheus: str | None, remediate_path: str | None,
-                var_items: tuple[str, ...], check: bool, serial: int | None, max_fail: float | None,
-                state_dir: str | None, snapshot: bool, rollback_on_failure: bool, keep_snapshots: int | None,
-                allow_no_snapshot: bool, **opts: Any) -> None:
+                rollout: RolloutOptions, **opts: Any) -> None:
     """Probe the fleet, judge it by a policy, record it, and report what changed since the last run.
 
     \b
@@ -96,34 +78,25 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     from fleetfix.fleet import Fleet
     from fleetfix.output import ProbeProgress
 
-    apply_options = (var_items, check, serial, max_fail is not None, state_dir, snapshot, rollback_on_failure,
-                     keep_snapshots, allow_no_snapshot)
-    if remediate_path is None and any(apply_options):
-        raise ConfigError("--var, --check, --serial, --max-fail, --state-dir and the snapshot options "
-                          "need --remediate PLAYBOOK")
-    from fleetfix.snapshots import SnapshotPolicy
-
-    snapshots = SnapshotPolicy(  # as `apply` builds it
-        take=snapshot or rollback_on_failure or keep_snapshots is not None,
-        rollback_on_failure=rollback_on_failure, keep=keep_snapshots, allow_no_snapshot=allow_no_snapshot)
+    if remediate_path is None and rollout.given():
+        raise ConfigError(f"{', '.join(rollout.given())}: these apply options need --remediate PLAYBOOK")
     policy = load_policy(policy_path)
     # Load the playbook and vars before probing anything: a typo fails now, not after the audit.
     playbook = _load_playbook(remediate_path) if remediate_path else None
-    variables = parse_var(var_items)
+    variables = rollout.variables()
     targets = resolve_targets(**opts)
     args = {"limit": opts.get("limit"), "inventory": opts.get("inventory"), "host": opts.get("host"),
             "targets": len(targets)}
     if remediate_path:
-        args.update(remediate=remediate_path, check=check)
+        args.update(remediate=remediate_path, check=rollout.check)
     with _store(db) as store, Fleet(forks=opts["forks"]) as fleet:
         with ProbeProgress(len(targets), enabled=not as_json) as progress:
             run = run_audit(fleet, targets, policy=policy, store=store, deep=deep,
                             on_progress=progress.advance, args=args)
         final = run
         if playbook is not None and remediate_path is not None:
-            apply = _applier(playbook, fleet, variables, check=check, serial=serial, max_fail=max_fail,
-                             state_dir=state_dir, snapshots=snapshots, as_json=as_json)
-            final = remediate_audit(run, targets, playbook=remediate_path, apply=apply, check=check,
+            apply = _applier(playbook, fleet, variables, rollout, as_json=as_json)
+            final = remediate_audit(run, targets, playbook=remediate_path, apply=apply, check=rollout.check,
                                     fleet=fleet, policy=policy, store=store, vars=variables, deep=deep)
     _emit_audit(run, final, as_json=as_json, html=html, junit=junit, prometheus=prometheus)
     sys.exit(final.exit_code)
@@ -135,23 +108,24 @@ def _load_playbook(path: str) -> Any:
     return load_playbook(path)
 
 
-def _applier(playbook: Any, fleet: Any, variables: dict[str, str], *, check: bool, serial: int | None,
-             max_fail: float | None, state_dir: str | None, snapshots: Any, as_json: bool) -> Any:
+def _applier(playbook: Any, fleet: Any, variables: dict[str, str], rollout: RolloutOptions, *,
+             as_json: bool) -> Any:
     """apply(targets): run the playbook on them exactly as `fleetfix apply` would, recorded."""
     from fleetfix.output import step_printer
-    from fleetfix.playbook import RunRecorder, default_state_dir, run_playbook
+    from fleetfix.playbook import RunRecorder, run_playbook
     from fleetfix.probing import gather_facts
 
     # Steps stream on a terminal (like the probe's progress); cron and --json stay quiet.
     on_step = step_printer(verbose=False) if sys.stdout.isatty() and not as_json else None
 
     def apply(targets: Any) -> Any:
-        with RunRecorder(state_dir or default_state_dir()) as recorder:
+        with RunRecorder(rollout.records_dir()) as recorder:
             return run_playbook(
                 playbook, targets, fleet_map=fleet.map,
                 facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-                vars=variables, check=check, recorder=recorder, serial=serial, max_fail_pct=max_fail,
-                on_step=on_step, snapshots=snapshots, node_for=fleet.node_transport,
+                vars=variables, check=rollout.check, recorder=recorder, serial=rollout.serial,
+                max_fail_pct=rollout.max_fail, on_step=on_step, snapshots=rollout.snapshot_policy(),
+                node_for=fleet.node_transport,
             )
 
     return apply

@@ -9,7 +9,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -23,18 +23,112 @@ if TYPE_CHECKING:
     from fleetfix.target import Target
     from fleetfix.transport.base import CommandResult, OutputSink, Stream
 
-def _console(*, stderr: bool = False) -> Console:
+def _console(*, stderr: bool = False, file: IO[str] | None = None) -> Console:
     # Off a terminal rich assumes 80 columns and truncates table cells ("…"): a run id piped to a file
     # could not be copied back into `runs show`. Use the terminal's width, or a wide page when piped.
-    stream = sys.stderr if stderr else sys.stdout
+    stream = file or (sys.stderr if stderr else sys.stdout)
     width = None if stream.isatty() or os.environ.get("COLUMNS") else 200
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    # rich's own NO_COLOR handling drops colours but keeps bold/dim escapes; NO_COLOR output must be
+    # plain text (no control characters at all), so it gets no colour system, as off a terminal.
+    plain = os.environ.get("NO_COLOR", "") != ""
+    return Console(stderr=stderr, file=file, highlight=False, soft_wrap=True, width=width,
+                   color_system=None if plain else "auto")
 
 
 console = _console()
 err_console = _console(stderr=True)
 
+def print_table(table: Table, out: Console | None = None) -> None:
+    """A table; as plain text (off a terminal, NO_COLOR) without the trailing spaces rich pads the last
+    column with, so piped output diffs and greps cleanly."""
+    target = out or console
+    if target.color_system is not None:  # styled for a terminal: printed as rich lays it out
+        target.print(table)
+        return
+    with target.capture() as captured:
+        target.print(table)
+    target.file.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    target.file.flush()
+
+
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan", "healthy": "green"}
+
+
+# ---------------------------------------------------------------- what to do next
+
+# The failures a new user meets first, each with the next thing to try. Appended to the one-line error
+# here, at the reporting layer, keyed on the exception class where the exception is at hand (exec, errors
+# raised to the CLI) and on the fixed phrases the transports write where only the message survived
+# (probe reports, apply recaps).
+NEXT_STEPS: dict[str, str] = {
+    "host-key-unknown": "check the fingerprint on the node's console (`ssh-keygen -lf "
+                        "/etc/ssh/ssh_host_ed25519_key.pub`); if the key is recorded in another file, "
+                        "pass --known-hosts FILE",
+    "host-key-changed": "confirm the new fingerprint on the node's console (`ssh-keygen -lf "
+                        "/etc/ssh/ssh_host_ed25519_key.pub`) before removing the old entry",
+    "auth": "check --user, and that the node's ~/.ssh/authorized_keys lists your public key; pick the key "
+            "with --identity FILE (inventory: identity_file) or load it with `ssh-add`",
+    "refused": "is sshd running there, on that port? check --port (inventory: port)",
+    "timeout": "check the address and that this machine can reach it (firewall, VPN); on a slow link "
+               "raise --connect-timeout",
+    "resolve": "check the host name, or use the IP address",
+    "unreachable": "check the address and port, and that this machine can reach the node (firewall, VPN)",
+    "inventory-missing": "write one (see docs/inventory.md), or name a single node with --host ADDR",
+}
+
+# (kind, phrase) in the order they are tried: the changed-key phrases before anything broader.
+_PHRASES: tuple[tuple[str, str], ...] = (
+    ("host-key-changed", "REMOTE HOST IDENTIFICATION HAS CHANGED"),
+    ("host-key-changed", "is marked @revoked"),
+    ("host-key-unknown", "unknown host key for"),
+    ("auth", "authentication rejected"),
+    ("auth", "no SSH key to offer"),
+    ("auth", "does not accept public-key login"),
+    ("auth", "identity file"),
+    ("refused", "connection refused"),
+    ("timeout", "connect timed out after"),
+    ("timeout", "SSH handshake timed out after"),
+    ("resolve", "cannot resolve host"),
+    ("unreachable", "No route to host"),
+    ("unreachable", "Network is unreachable"),
+    ("inventory-missing", "inventory file not found"),
+)
+
+
+def error_kind(error: BaseException | str | None) -> str | None:
+    """Which of NEXT_STEPS applies to an error (an exception, or its message alone); None: none does."""
+    from fleetfix.errors import (
+        AuthenticationError,
+        ChangedHostKeyError,
+        ConnectError,
+        InventoryError,
+        UnknownHostKeyError,
+    )
+
+    if error is None:
+        return None
+    message = str(error)
+    phrase_kind = next((kind for kind, phrase in _PHRASES if phrase in message), None)
+    if isinstance(error, str):
+        return phrase_kind
+    if isinstance(error, ChangedHostKeyError):
+        return "host-key-changed"
+    if isinstance(error, UnknownHostKeyError):
+        return "host-key-unknown"
+    if isinstance(error, AuthenticationError):
+        return "auth"
+    if isinstance(error, ConnectError):  # refused, timed out, unresolvable, or some other way unreachable
+        return phrase_kind if phrase_kind in ("refused", "timeout", "resolve") else "unreachable"
+    if isinstance(error, InventoryError) and phrase_kind == "inventory-missing":
+        return phrase_kind
+    return None  # e.g. a connection lost mid-command: no first-run advice fits
+
+
+def with_hint(message: str, error: BaseException | str | None = None) -> str:
+    """message, ending with what to do next when the error is one of NEXT_STEPS' kinds. error defaults
+    to message itself (only the text is known)."""
+    kind = error_kind(message if error is None else error)
+    return message if kind is None else f"{message} — {NEXT_STEPS[kind]}"
 
 
 def print_json(data: Any) -> None:
@@ -72,21 +166,25 @@ def render_targets(
             t.name, t.node.name, address, str(t.ctid or "-"), ",".join(sorted(t.tags)),
             ",".join(sorted(t.groups)), t.source,
         )))
-    console.print(table)
+    print_table(table)
     for label, reason in skipped:
         console.print(f"skipped: {escape(label)}: {escape(reason)}")
     console.print(f"{len(targets)} target(s)" + (f", {len(skipped)} skipped" if skipped else ""))
 
 
-def render_exec(outcomes: Sequence[Outcome[CommandResult]], *, as_json: bool) -> None:
+def render_exec(
+    outcomes: Sequence[Outcome[CommandResult]], *, as_json: bool, stderr_streamed: bool = False
+) -> None:
+    """Each target's header and stdout on stdout; its stderr too, unless it was streamed live already."""
     if as_json:
         print_json([_exec_json(o) for o in outcomes])
         return
     for outcome in outcomes:
         result = outcome.value
         if result is None:
+            message = with_hint(str(outcome.error), outcome.error)
             console.print(f"[bold]== {escape(outcome.target.name)}[/] [red]{outcome.status}[/]: "
-                          f"{escape(str(outcome.error))}")
+                          f"{escape(message)}")
             continue
         state = "timed out" if result.timed_out else f"exit {result.exit_code}"
         colour = "green" if result.ok else "red"
@@ -94,7 +192,7 @@ def render_exec(outcomes: Sequence[Outcome[CommandResult]], *, as_json: bool) ->
         if result.stdout:
             sys.stdout.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
             sys.stdout.flush()
-        if result.stderr:
+        if result.stderr and not stderr_streamed:
             sys.stderr.write(result.stderr if result.stderr.endswith("\n") else result.stderr + "\n")
             sys.stderr.flush()
 
@@ -175,7 +273,7 @@ def render_probe(reports: Sequence[TargetReport], *, as_json: bool) -> None:
         console.print(f"[bold]== {escape(report.target.name)}[/] "
                       f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/] ({report.duration:.2f}s)")
         if report.error:
-            console.print(f"   [red]{escape(report.error)}[/]")
+            console.print(f"   [red]{escape(with_hint(report.error))}[/]")
         for key, value in _fact_lines(report):
             console.print(f"   {key:<12} {escape(value)}")
         for finding in report.findings:
@@ -225,7 +323,7 @@ def _render_summary_table(reports: Sequence[TargetReport]) -> None:
             torch.cuda if torch and torch.cuda else "-",
             ", ".join(str(tk.version) for tk in toolkits) or "-", escape(codes),
         )
-    console.print(table)
+    print_table(table)
     counts = ", ".join(f"{n} {k}" for k, n in _summary(reports).items())
     console.print(f"{len(reports)} target(s): {counts}")
 
@@ -241,9 +339,13 @@ class LiveOutput:
 
     Chunks are cut anywhere, so each (target, stream) keeps its unfinished line until its newline comes:
     lines of different targets never interleave mid-line. `flush` prints what is left. Thread-safe.
+    labelled=False prints the lines as the command wrote them (one target: nothing to tell apart).
     """
 
-    def __init__(self, out: Console | None = None, *, redact: Callable[[str], str] | None = None) -> None:
+    def __init__(
+        self, out: Console | None = None, *, redact: Callable[[str], str] | None = None, labelled: bool = True
+    ) -> None:
+        self._labelled = labelled
         self._console = out or console
         self._redact = redact or (lambda text: text)  # secret vars never reach the terminal
         self._lock = threading.Lock()  # one lock for buffers and printing: lines come out whole, in order
@@ -257,11 +359,13 @@ class LiveOutput:
             for line in lines:
                 self._print(name, stream, line)
 
-    def sink_for(self, name: str) -> OutputSink:
-        """A transport-level sink (`execute(..., on_output=)`) for the target called name."""
+    def sink_for(self, name: str, *, streams: Sequence[Stream] = ("stdout", "stderr")) -> OutputSink:
+        """A transport-level sink (`execute(..., on_output=)`) for the target called name, printing the
+        given streams only (`exec` streams stderr and keeps stdout for the end)."""
 
         def sink(stream: Stream, chunk: bytes) -> None:
-            self.feed(name, stream, chunk)
+            if stream in streams:
+                self.feed(name, stream, chunk)
 
         return sink
 
@@ -278,7 +382,9 @@ class LiveOutput:
     def _print(self, name: str, stream: Stream, line: bytes) -> None:
         # Text, not markup: nothing a script prints can style (or break) the terminal output.
         text = self._redact(line.rstrip(b"\r").decode(errors="replace"))  # whole lines: no cut UTF-8
-        if stream == "stdout":
+        if not self._labelled:
+            self._console.print(Text(text))
+        elif stream == "stdout":
             self._console.print(Text.assemble((name, "bold"), " | ", text))
         else:
             self._console.print(Text.assemble((name, "bold"), " ! ", (text, "dim")))
@@ -311,8 +417,10 @@ def render_apply(run: Any, *, as_json: bool) -> None:
     for target_run in run.targets:
         if target_run.status in ("failed", "unreachable"):
             failed = [s for s in target_run.steps if s.status == "failed"]
-            console.print(f"[bold red]{target_run.status}[/] {escape(target_run.target)}: "
-                          f"{escape(target_run.reason or (failed[0].reason if failed else ''))}")
+            reason = target_run.reason or (failed[0].reason if failed else "")
+            if target_run.status == "unreachable":
+                reason = with_hint(reason)
+            console.print(f"[bold red]{target_run.status}[/] {escape(target_run.target)}: {escape(reason)}")
             for step in failed[:1]:
                 for line in (step.stdout + step.stderr).rstrip().splitlines()[-15:]:
                     console.print(f"    {escape(line)}")
@@ -352,7 +460,7 @@ def render_runs(runs: Sequence[Any], *, as_json: bool) -> None:
             started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
         table.add_row(run.run_id, started, escape(run.playbook), "check" if run.check else "apply",
                       f"[{STATUS_STYLE.get(run.status, '')}]{run.status}[/]", str(len(run.targets)))
-    console.print(table)
+    print_table(table)
 
 
 def render_run_detail(detail: Any, *, as_json: bool) -> None:

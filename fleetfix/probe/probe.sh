@@ -34,9 +34,10 @@ if have timeout; then HAVE_TIMEOUT=1; else HAVE_TIMEOUT=; fi
 TOOL_TIMEOUT=${FLEETFIX_PROBE_TIMEOUT:-20}
 if [ -z "${FLEETFIX_PYTHONS_GIVEN:-}" ] && [ $# -eq 0 ]; then set -- python3; fi
 
+read_uname
 printf '{"fleetfix_probe":1,"deep":'; jb "$DEEP"
-printf ',"hostname":'; jn "$(uname -n 2>/dev/null)"
-printf ',"kernel":'; jn "$(uname -r 2>/dev/null)"
+printf ',"hostname":'; jn "$UNAME_N"
+printf ',"kernel":'; jn "$UNAME_R"
 printf ',"os":'; probe_os
 printf ',"apt":'; probe_apt
 printf ',"dpkg":'; probe_dpkg
@@ -54,6 +55,16 @@ printf '}\n'
 
 # ---------------------------------------------------------------- JSON helpers
 have() { command -v "$1" >/dev/null 2>&1; }
+
+# The probe runs in every container of a fleet, so it forks as little as it can: each fork+exec costs
+# the container ~1-2 ms of CPU, and a stock Debian would otherwise cost ~100 of them.
+
+# read_uname -> UNAME_N (node name), UNAME_R (kernel release), UNAME_M (machine), from one uname(1):
+# it prints them in that order whatever the order of the flags, and none contains a space.
+read_uname() {
+    set -f; set -- $(uname -n -r -m 2>/dev/null); set +f
+    UNAME_N=${1:-}; UNAME_R=${2:-}; UNAME_M=${3:-}
+}
 
 # run_t SECONDS CMD...: bounded, so a wedged tool (nvidia-smi on a hung GPU) cannot hang the probe.
 run_t() {
@@ -113,7 +124,7 @@ probe_os() {
     printf ',"version_id":'; jn "$os_ver"
     printf ',"codename":'; jn "$os_code"
     printf ',"pretty_name":'; jn "$os_pretty"
-    printf ',"machine":'; jn "$(uname -m 2>/dev/null)"
+    printf ',"machine":'; jn "$UNAME_M"
     printf '}'
 }
 
@@ -276,34 +287,64 @@ probe_keys() {
     _k7=$(printf '\366\017\113\075\177\242\257\200')
     _k3=$(printf '\244\264\151\226\073\370\143\314')
     SEP=
+    set --
     for _f in "$R/etc/apt/trusted.gpg" "$R"/etc/apt/trusted.gpg.d/*.gpg "$R"/etc/apt/keyrings/*.gpg \
         "$R"/usr/share/keyrings/*.gpg; do
-        [ -f "$_f" ] || continue
-        for _pair in "7fa2af80:$_k7" "3bf863cc:$_k3"; do
-            if grep -qF -- "${_pair#*:}" "$_f" 2>/dev/null; then
-                printf '%s{"key":"%s","file":' "$SEP" "${_pair%%:*}"; SEP=,
-                js "${_f#"$R"}"; printf '}'
-            fi
+        [ -f "$_f" ] && set -- "$@" "$_f"
+    done
+    [ $# -gt 0 ] || return 0
+    # One grep per key over all keyrings (-l: the files that hold it, one per line), not one per file.
+    for _pair in "7fa2af80:$_k7" "3bf863cc:$_k3"; do
+        _hits=$(grep -lF -- "${_pair#*:}" "$@" 2>/dev/null)
+        while [ -n "$_hits" ]; do
+            _f=${_hits%%"$NL"*}
+            case $_hits in *"$NL"*) _hits=${_hits#*"$NL"} ;; *) _hits= ;; esac
+            printf '%s{"key":"%s","file":' "$SEP" "${_pair%%:*}"; SEP=,
+            js "${_f#"$R"}"; printf '}'
         done
     done
 }
 
 # ---------------------------------------------------------------- dpkg
-# lock_id PATH -> LOCKID: the file as /proc/locks names it, "MAJ:MIN:INODE" (hex device numbers of
-# st_dev, decoded like the kernel's MAJOR/MINOR), or ":INODE" when stat(1) is missing.
+# lock_id_of ST_DEV INODE -> LOCKID: the file as /proc/locks names it, "MAJ:MIN:INODE" (hex device
+# numbers of st_dev, decoded like the kernel's MAJOR/MINOR).
+lock_id_of() {
+    LOCKID=$(printf '%02x:%02x:%s' $(( ($1 >> 8) & 4095 )) $(( ($1 & 255) | (($1 >> 12) & 1048320) )) "$2")
+}
+
+# lock_id PATH -> LOCKID, or ":INODE" when stat(1) is missing.
 lock_id() {
     LOCKID=
     _s=$(stat -c '%d %i' "$1" 2>/dev/null) || _s=
     case $_s in
-        *[0-9]\ [0-9]*)
-            _dev=${_s% *}
-            LOCKID=$(printf '%02x:%02x:%s' $(( (_dev >> 8) & 4095 )) \
-                $(( (_dev & 255) | ((_dev >> 12) & 1048320) )) "${_s#* }") ;;
+        *[0-9]\ [0-9]*) lock_id_of "${_s% *}" "${_s#* }" ;;
         *)
             _s=$(ls -i "$1" 2>/dev/null)
             trim "$_s"; _s=${TRIM%% *}
             case $_s in '' | *[!0-9]*) ;; *) LOCKID=":$_s" ;; esac ;;
     esac
+}
+
+# lock_ids LOCKFILE... -> _ids: "LOCKID LOCKFILE" lines, from one stat(1) call for all of them; without
+# stat, or when it fails for any file (one vanished), lock_id file by file.
+lock_ids() {
+    _ids=
+    [ $# -gt 0 ] || return 0
+    _n=$#
+    for _lf in "$@"; do set -- "$@" "$R$_lf"; done
+    shift "$_n"
+    _st=
+    if have stat; then _st=$(stat -c '%d %i' "$@" 2>/dev/null) || _st=; fi
+    for _lf in "$@"; do
+        case $_st in
+            *[0-9]\ [0-9]*)
+                _s=${_st%%"$NL"*}
+                case $_st in *"$NL"*) _st=${_st#*"$NL"} ;; *) _st= ;; esac
+                lock_id_of "${_s% *}" "${_s#* }" ;;
+            *) lock_id "$_lf" ;;
+        esac
+        [ -n "$LOCKID" ] && _ids="$_ids$LOCKID ${_lf#"$R"}$NL"
+    done
 }
 
 probe_dpkg() {
@@ -321,12 +362,11 @@ probe_dpkg() {
     SEP=
     # /proc/locks names the PID holding each fcntl lock by device and inode: that is "held", not
     # merely "open". The device matters: cloned containers share inode numbers.
-    _ids=
+    set --
     for _lf in /var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock; do
-        [ -e "$R$_lf" ] || continue
-        lock_id "$R$_lf"
-        [ -n "$LOCKID" ] && _ids="$_ids$LOCKID $_lf$NL"
+        [ -e "$R$_lf" ] && set -- "$@" "$_lf"
     done
+    lock_ids "$@"
     if [ -n "$_ids" ] && [ -r /proc/locks ]; then
         while read -r _ _a _b _c _pid _devino _rest; do
             [ "$_a" = "->" ] && continue   # a waiter, not a holder
@@ -697,13 +737,28 @@ tool_version() {  # CMD ARGS... -> first line of its output, or empty
     printf '%s' "${_o%%"$NL"*}"
 }
 
-disk_free_mb() {  # PATH -> available MiB of the filesystem holding PATH (nearest existing parent)
-    _p=$1
-    while [ ! -e "$R$_p" ] && [ "$_p" != / ]; do _p=${_p%/*}; [ -n "$_p" ] || _p=/; done
-    _o=$(df -Pk "$R$_p" 2>/dev/null) || { printf null; return 0; }
-    _o=${_o##*"$NL"}
-    set -f; set -- $_o; set +f
-    case ${4:-} in '' | *[!0-9]*) printf null ;; *) printf '%s' $(( $4 / 1024 )) ;; esac
+# disk_free_json PATH... -> {"PATH":MiB,...}: free space of the filesystem holding each PATH (its nearest
+# existing parent), from one df(1) call; null for all of them if df fails.
+disk_free_json() {
+    _names=
+    _n=$#
+    for _p in "$@"; do
+        _names="$_names$_p$NL"
+        while [ ! -e "$R$_p" ] && [ "$_p" != / ]; do _p=${_p%/*}; [ -n "$_p" ] || _p=/; done
+        set -- "$@" "$R$_p"
+    done
+    shift "$_n"
+    _o=$(df -Pk "$@" 2>/dev/null) && _o=${_o#*"$NL"} || _o=   # without the header line
+    printf '{'; _sep=
+    while [ -n "$_names" ]; do
+        _name=${_names%%"$NL"*}; _names=${_names#*"$NL"}
+        _line=${_o%%"$NL"*}
+        case $_o in *"$NL"*) _o=${_o#*"$NL"} ;; *) _o= ;; esac
+        printf '%s' "$_sep"; js "$_name"; printf ':'; _sep=,
+        set -f; set -- $_line; set +f
+        case ${4:-} in '' | *[!0-9]*) printf null ;; *) printf '%s' $(( $4 / 1024 )) ;; esac
+    done
+    printf '}'
 }
 
 probe_build() {
@@ -714,10 +769,7 @@ probe_build() {
     printf ',"ninja":'; if have ninja; then printf true; else printf false; fi
     printf ',"ninja_version":'; if have ninja; then jn "$(tool_version ninja --version)"; else printf null; fi
     printf ',"make":'; if have make; then printf true; else printf false; fi
-    printf ',"disk_free_mb":{"/":'; disk_free_mb /
-    printf ',"/var/cache/apt":'; disk_free_mb /var/cache/apt
-    printf ',"/usr/local":'; disk_free_mb /usr/local
-    printf '}'
+    printf ',"disk_free_mb":'; disk_free_json / /var/cache/apt /usr/local
     _mt=; _ma=
     if [ -r /proc/meminfo ]; then
         while read -r _k _v _; do

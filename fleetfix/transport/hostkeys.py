@@ -24,11 +24,8 @@ from binascii import Error as Base64Error
 from dataclasses import dataclass
 from pathlib import Path
 
-from paramiko import HostKeys, PKey
-from paramiko.pkey import UnknownKeyType
-from paramiko.ssh_exception import SSHException
-
 from fleetfix.errors import ChangedHostKeyError, UnknownHostKeyError
+from fleetfix.transport._paramiko import HostKeys, PKey, SSHException, UnknownKeyType
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 

@@ -21,16 +21,6 @@ from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
-import paramiko
-from paramiko.pkey import UnknownKeyType
-from paramiko.ssh_exception import (
-    AuthenticationException,
-    BadAuthenticationType,
-    ChannelException,
-    PasswordRequiredException,
-    SSHException,
-)
-
 from fleetfix.errors import (
     AuthenticationError,
     ConfigError,
@@ -40,6 +30,15 @@ from fleetfix.errors import (
     TransportError,
 )
 from fleetfix.target import SSHSettings
+from fleetfix.transport._paramiko import (
+    AuthenticationException,
+    BadAuthenticationType,
+    ChannelException,
+    PasswordRequiredException,
+    SSHException,
+    UnknownKeyType,
+    paramiko,
+)
 from fleetfix.transport.base import CommandResult, OutputSink, command_line
 from fleetfix.transport.hostkeys import KnownHosts, known_hosts_name
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
@@ -54,6 +53,10 @@ TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` returns
 # After our deadline, how long to wait for the remote watchdog's kill to close the channel: it counts whole
 # seconds from the remote start, so it fires up to ~1 s plus one round trip after the local deadline.
 KILL_GRACE_SECONDS = 3.0
+# A refused or unanswered channel open is retried after these pauses. sshd frees a closed session only in
+# a later pass of its main loop, so a new open that arrives with (or just after) the close of another can
+# be refused ("no more sessions") even below MaxSessions; under load it may also answer an open late.
+OPEN_RETRY_DELAYS = (0.1, 0.3, 1.0)
 _CHUNK = 65536
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
@@ -277,6 +280,24 @@ class SSHConnection:
             except (SSHException, EOFError, OSError) as error:
                 raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
 
+    def _open_session(self, transport: paramiko.Transport) -> paramiko.Channel:
+        """A new session channel; a refusal or a timeout is retried (OPEN_RETRY_DELAYS) while the connection
+        is up, because at fleet scale both are transient: see the 1000-target run in docs/performance.md."""
+        for delay in (*OPEN_RETRY_DELAYS, None):
+            try:
+                return transport.open_session(timeout=self.settings.connect_timeout)
+            except ChannelException as error:
+                failure = TransportError(f"{self.endpoint}: server refused a new channel: {error.text}")
+            except (SSHException, EOFError, OSError) as error:
+                reason = _one_line(error)
+                if not transport.is_active():
+                    raise ConnectionLostError(f"{self.endpoint}: connection lost: {reason}") from None
+                failure = TransportError(f"{self.endpoint}: could not open a channel: {reason}")
+            if delay is None or not transport.is_active():
+                raise failure
+            time.sleep(delay)
+        raise AssertionError("unreachable")
+
     def _run(
         self, line: str, stdin: bytes, timeout: float | None, started: float, program: str,
         on_output: OutputSink | None = None,
@@ -284,15 +305,7 @@ class SSHConnection:
         transport = self._transport
         if transport is None or not transport.is_active():
             raise ConnectionLostError(f"{self.endpoint}: SSH connection is closed")
-        try:
-            channel = transport.open_session(timeout=self.settings.connect_timeout)
-        except ChannelException as error:
-            raise TransportError(f"{self.endpoint}: server refused a new channel: {error.text}") from None
-        except (SSHException, EOFError, OSError) as error:
-            if transport.is_active():
-                reason = _one_line(error)
-                raise TransportError(f"{self.endpoint}: could not open a channel: {reason}") from None
-            raise ConnectionLostError(f"{self.endpoint}: connection lost: {_one_line(error)}") from None
+        channel = self._open_session(transport)
         writer: threading.Thread | None = None
         try:
             wakeup = channel.fileno()  # a pipe paramiko sets on stdout/stderr data and on close

@@ -28,32 +28,24 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.conftest import REPO, CliResult, run_cli, write_inventory
+from tests.e2e.conftest import CliResult, run_cli, write_inventory
 from tests.e2e.scenarios import install_toolkit
 from tests.lab.aptrepo import REAL_CUDA_13_0, AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
+from tests.lab.cli import TINY_EXTENSION_IN_CT, add_tiny_extension_source
 from tests.lab.container import Container, tree_digest
-from tests.lab.realtorch import RealTorch, ensure_real_torch
+from tests.lab.realtorch import RealTorch, cache_root, ensure_real_torch
 
 pytestmark = [pytest.mark.slow]
 
 TOOLKIT = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_PIP = "playbooks/cuda-toolkit-pip.yaml"
 BUILD = "playbooks/build-extensions.yaml"
-TINY_SOURCE = REPO / "tests" / "fixtures" / "extensions" / "fleetfix-tiny-ext"
-TINY_IN_CT = "/root/src/fleetfix-tiny-ext"
-TINY_EXTENSION = f"{TINY_IN_CT}=fleetfix_tiny_cuda+fleetfix_tiny"
+TINY_EXTENSION = f"{TINY_EXTENSION_IN_CT}=fleetfix_tiny_cuda+fleetfix_tiny"
 # One arch keeps the build short; 9.0 is valid for every CUDA 13 torch (no GPU is needed to compile).
 ONE_ARCH = ["--var", "cuda_arch_list=9.0"]
 CAUSAL_CONV1D_VERSION = "1.7.0"
 FULL_BUILD_ENV = "FLEETFIX_CAUSAL_CONV1D_FULL"
-CACHE_ENV = "FLEETFIX_TEST_CACHE"
-
-
-def cache_root() -> Path:
-    root = Path(os.environ.get(CACHE_ENV) or "/opt/fleetfix-test-cache")
-    root.mkdir(parents=True, exist_ok=True)
-    return root
 
 
 def pip_download(dest: Path, *requirements: str, extra: tuple[str, ...] = (), python: str = sys.executable,
@@ -96,9 +88,7 @@ def torch_ct(make_ct: Callable[..., Container], tmp_path: Path, lab: Lab, real_t
              ) -> tuple[Container, list[str]]:
     """A container whose python is the real torch venv (no toolkit, no apt source), + its inventory."""
     ct = make_ct()
-    for source in sorted(TINY_SOURCE.rglob("*")):
-        if source.is_file() and "__pycache__" not in source.parts and "build" not in source.parts:
-            ct.write_file(f"{TINY_IN_CT}/{source.relative_to(TINY_SOURCE)}", source.read_bytes())
+    add_tiny_extension_source(ct)
     inventory = write_inventory(tmp_path / "inventory.yaml", lab,
                                 [(ct.ctid, {"python": str(real_torch.python)})])
     return ct, ["-i", str(inventory), "--state-dir", str(tmp_path / "state")]

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.e2e.conftest import host_args, run_cli
+from fleetfix.playbook.records import MASK
+from tests.e2e.conftest import REPO, host_args, run_cli, write_inventory
 from tests.lab.bed import Lab
 from tests.lab.container import Container
 
@@ -91,3 +96,37 @@ def test_hostile_arguments_arrive_verbatim(lab: Lab, make_ct: Callable[..., Cont
     for canary in ("/canary-a", "/canary-b", "/canary-c"):
         assert not (ct.upper_dir / canary.lstrip("/")).exists()
         assert not Path(canary).exists()
+
+
+def test_remote_stderr_streams_as_it_arrives_and_stdout_stays_clean(
+    lab: Lab, make_ct: Callable[..., Container]
+) -> None:
+    ct = make_ct()
+    # Both streams into one pipe, read as they come: stderr's line must come while the remote command
+    # still sleeps, before the target's stdout (printed when it finishes).
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fleetfix", "exec", *host_args(lab, None, ct.ctid), "--",
+         "sh", "-c", "echo a; echo b >&2; sleep 1; echo c"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
+    assert process.stdout is not None
+    first = process.stdout.readline()
+    first_at = time.monotonic()
+    rest = process.stdout.read()
+    assert process.wait(timeout=60) == 0, first + rest
+    assert first == "b\n"  # one target: the line as the command wrote it
+    assert time.monotonic() - first_at > 0.5, "stderr came only when the command ended"
+    header, *lines = rest.splitlines()
+    assert header.startswith("== ") and header.endswith(f"/{ct.ctid} exit 0") and lines == ["a", "c"]
+
+
+def test_streamed_stderr_masks_secret_vars(
+    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path
+) -> None:
+    ct = make_ct()
+    secret = "tok-e2e-very-secret"
+    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(ct.ctid, {"api_token": secret})])
+    result = run_cli("exec", "-i", str(inventory), "--", "sh", "-c", 'echo "token=$0" >&2', secret)
+    assert result.exit_code == 0, result.stderr
+    assert result.stderr == f"token={MASK}\n"

@@ -35,7 +35,7 @@ from fleetfix.fleet import Fleet
 from fleetfix.target import NodeRef, SSHSettings, Target
 from fleetfix.transport.base import run_script
 from fleetfix.transport.pct import PctTransport
-from fleetfix.transport.ssh import SSHConnection, SSHTransport
+from fleetfix.transport.ssh import OPEN_RETRY_DELAYS, SSHConnection, SSHTransport
 from tests.lab.sshd import SshNode, free_port, keygen, start_node
 
 pytestmark = [
@@ -385,15 +385,39 @@ def test_twenty_concurrent_commands_on_one_connection_all_succeed(bed: Bed) -> N
 
 
 def test_without_the_channel_limit_sshd_refuses_sessions(bed: Bed) -> None:
-    """The control for the test above: the limit is what makes 20 concurrent commands work."""
+    """The control for the test above: the limit is what makes 20 concurrent commands work. The commands
+    outlast every retry of a refused open (OPEN_RETRY_DELAYS), so the refusals surface."""
+    assert sum(OPEN_RETRY_DELAYS) < 2.5
     with SSHConnection(bed.settings(), max_channels=20) as conn:
 
         def attempt(i: int) -> str:
             try:
-                return conn.execute(["sh", "-c", "sleep 1"]).stdout
+                return conn.execute(["sh", "-c", "sleep 4"]).stdout
             except TransportError as error:
                 return f"refused: {error}"
 
         with ThreadPoolExecutor(20) as pool:
             answers = list(pool.map(attempt, range(20)))
     assert any(answer.startswith("refused: ") for answer in answers)
+
+
+def test_a_refused_channel_open_is_retried_once_sessions_free_up(bed: Bed) -> None:
+    """12 at once over MaxSessions=10: the two refused opens are retried and get in when the first ten
+    (short commands) have closed; every command runs once."""
+    marker = f"fleetfix-retry-{uuid.uuid4().hex[:8]}"
+    with SSHConnection(bed.settings(), max_channels=12) as conn, ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(
+            lambda i: conn.execute(["sh", "-c", f"sleep 0.2; echo {i} >> /tmp/{marker}; echo {i}"]), range(12)
+        ))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(12)]
+    ran = Path(f"/tmp/{marker}").read_text().split()
+    Path(f"/tmp/{marker}").unlink()
+    assert sorted(ran, key=int) == [str(i) for i in range(12)]
+
+
+def test_back_to_back_commands_at_max_sessions_all_succeed(bed: Bed) -> None:
+    """With as many slots as MaxSessions (10), sshd refuses some opens: it frees a closed session only after
+    it has read the next open (~20 of 200 here). The retry makes every command run anyway."""
+    with SSHConnection(bed.settings(), max_channels=10) as conn, ThreadPoolExecutor(10) as pool:
+        results = list(pool.map(lambda i: conn.execute(["echo", str(i)]), range(200)))
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(200)]

@@ -1,7 +1,7 @@
 """The local lab behind `scripts/lab.sh`: the test bed, kept running in the background for a person to try
 every command of the README and docs/quickstart.md against.
 
-    python3 -m tests.lab.cli up [--no-healthy]   # start (daemonised), write the inventory, say how to use it
+    python3 -m tests.lab.cli up [--no-healthy] [--real-torch]   # start (daemonised), write the inventory
     python3 -m tests.lab.cli status              # is it running, and where
     python3 -m tests.lab.cli env                 # `export LAB_INVENTORY=... REPO_BASE=...` lines, for eval
     python3 -m tests.lab.cli down                # stop everything it started, remove its state
@@ -12,6 +12,12 @@ LXC-like containers on it, and a signed NVIDIA-style apt repository on 127.0.0.1
     CT 200 train-a   the problem case: torch 2.11.0+cu128, fla, no causal_conv1d, no nvcc, no NVIDIA repo
     CT 201 train-b   the same
     CT 202 infer-a   healthy: the matching toolkit and a built causal_conv1d (left out with --no-healthy)
+    CT 203 train-cu130  with --real-torch: the real torch 2.14.1 (CUDA 13.0 build) in a venv, no toolkit;
+                     the repo then also carries the real nvcc 13.0, so extensions really compile there
+
+--real-torch needs this machine's /usr/local/cuda-13.0 (packaged into the repo's cuda-*-13-0 debs) and
+builds two caches the e2e tests share: the torch venv (/opt/fleetfix-torch-2.14.1, ~1 min from the local
+package index) and the repo (/opt/fleetfix-test-cache/aptrepo, a few minutes the first time).
 
 Everything lives under the lab directory ($FLEETFIX_LAB_DIR, default /var/lib/fleetfix-lab): the
 inventory, the client key, known_hosts, the node and container state, `lab.pid` and `lab.json`. The
@@ -38,14 +44,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from tests.lab.aptrepo import AptRepo, build_repo, serve_repo
+from tests.lab.aptrepo import REAL_CUDA_13_0, AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
-from tests.lab.container import NodeState
+from tests.lab.container import Container, NodeState
+from tests.lab.realtorch import cache_root, ensure_real_torch, venv_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_LAB_DIR = Path("/var/lib/fleetfix-lab")
 LAB_DIR_ENV = "FLEETFIX_LAB_DIR"
 START_TIMEOUT = 180.0  # seconds `up` waits for the lab (a first start builds the repo: a few seconds)
+REAL_TORCH_START_TIMEOUT = 1800.0  # a first --real-torch start also builds the torch venv and the 13.0 debs
 STOP_TIMEOUT = 30.0
 
 
@@ -54,7 +62,8 @@ class LabContainer:
     ctid: int
     name: str
     tags: tuple[str, ...]
-    scenario: str  # "problem" | "healthy"
+    scenario: str  # "problem" | "healthy" | "real-torch"
+    python: str | None = None  # the inventory's `python` var, when not the container's python3
 
 
 PROBLEM_CONTAINERS = (
@@ -62,6 +71,13 @@ PROBLEM_CONTAINERS = (
     LabContainer(201, "train-b", ("training",), "problem"),
 )
 HEALTHY_CONTAINER = LabContainer(202, "infer-a", ("inference",), "healthy")
+REAL_TORCH_CONTAINER = LabContainer(
+    203, "train-cu130", ("training", "real-torch"), "real-torch", python=str(venv_path() / "bin" / "python")
+)
+# A small CUDA extension of our own (one .cu kernel) that compiles in about a minute on 2 cores; the
+# real-torch container gets its source at TINY_EXTENSION_IN_CT.
+TINY_EXTENSION_SOURCE = REPO_ROOT / "tests" / "fixtures" / "extensions" / "fleetfix-tiny-ext"
+TINY_EXTENSION_IN_CT = "/root/src/fleetfix-tiny-ext"
 
 
 @dataclass
@@ -95,11 +111,12 @@ class RunningLab:
             self.repo.stop()
 
 
-def lab_containers(healthy: bool) -> tuple[LabContainer, ...]:
-    return PROBLEM_CONTAINERS + ((HEALTHY_CONTAINER,) if healthy else ())
+def lab_containers(healthy: bool, real_torch: bool = False) -> tuple[LabContainer, ...]:
+    return (PROBLEM_CONTAINERS + ((HEALTHY_CONTAINER,) if healthy else ())
+            + ((REAL_TORCH_CONTAINER,) if real_torch else ()))
 
 
-def prerequisite_problems(healthy: bool) -> list[str]:
+def prerequisite_problems(healthy: bool, real_torch: bool = False) -> list[str]:
     """What this machine lacks for the lab, each with the package that provides it."""
     problems = [] if os.geteuid() == 0 else ["run as root (sshd on loopback, namespaces, overlay mounts)"]
     tools = {
@@ -113,7 +130,17 @@ def prerequisite_problems(healthy: bool) -> list[str]:
         found = os.access(tool, os.X_OK) if tool.startswith("/") else shutil.which(tool) is not None
         if not found:
             problems.append(f"{tool} is missing: apt-get install {package}")
+    if real_torch and not (REAL_CUDA_13_0 / "bin" / "nvcc").is_file():
+        problems.append(f"{REAL_CUDA_13_0}/bin/nvcc is missing: --real-torch packages that CUDA 13.0")
     return problems
+
+
+def add_tiny_extension_source(ct: Container) -> None:
+    """The real-torch container's extension to build: our one-kernel fixture, at TINY_EXTENSION_IN_CT."""
+    for source in sorted(TINY_EXTENSION_SOURCE.rglob("*")):
+        if source.is_file() and "__pycache__" not in source.parts and "build" not in source.parts:
+            ct.write_file(f"{TINY_EXTENSION_IN_CT}/{source.relative_to(TINY_EXTENSION_SOURCE)}",
+                          source.read_bytes())
 
 
 def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[LabContainer]) -> Path:
@@ -136,29 +163,38 @@ def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[La
         "    containers:",
     ]
     for ct in containers:
-        lines.append(f"      - {{ctid: {ct.ctid}, name: {ct.name}, tags: [{', '.join(ct.tags)}]}}")
+        extra = f", vars: {{python: {ct.python}}}" if ct.python else ""
+        lines.append(f"      - {{ctid: {ct.ctid}, name: {ct.name}, tags: [{', '.join(ct.tags)}]{extra}}}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def build_lab(root: Path, *, healthy: bool = True) -> RunningLab:
-    """Start node, repo and containers under root; write root/inventory.yaml. The caller closes it."""
+def build_lab(root: Path, *, healthy: bool = True, real_torch: bool = False) -> RunningLab:
+    """Start node, repo and containers under root; write root/inventory.yaml. The caller closes it.
+    real_torch: also the train-cu130 container, and a repo with the real nvcc 13.0 (both cached in /opt)."""
     # Imported here: scenarios lives with the e2e tests; only the lab needs it.
     from tests.e2e.scenarios import healthy as make_healthy
     from tests.e2e.scenarios import problem_case
 
     root.mkdir(parents=True, exist_ok=True)
-    repo = serve_repo(build_repo(root / "aptrepo"))
+    if real_torch:
+        ensure_real_torch()
+    repo_dir = cache_root() / "aptrepo" if real_torch else root / "aptrepo"
+    repo = serve_repo(build_repo(repo_dir, real_13_0=real_torch))
     try:
         lab = Lab(root / "bed", nodes=["pve1"])
     except BaseException:
         repo.stop()
         raise
-    running = RunningLab(lab, repo, root / "inventory.yaml", lab_containers(healthy))
+    running = RunningLab(lab, repo, root / "inventory.yaml", lab_containers(healthy, real_torch))
+    setups = {
+        "problem": problem_case,
+        "healthy": lambda c: make_healthy(c, repo, root / "stub-cache"),
+        "real-torch": add_tiny_extension_source,
+    }
     try:
         for ct in running.containers:
-            setup = problem_case if ct.scenario == "problem" else (
-                lambda c: make_healthy(c, repo, root / "stub-cache"))
+            setup = setups[ct.scenario]
             lab.add_container("pve1", ct.ctid, name=ct.name, tags=ct.tags, setup=setup)
         write_inventory(running.inventory, lab, repo, running.containers)
     except BaseException:
@@ -191,7 +227,7 @@ def _is_lab_process(pid: int, root: Path) -> bool:
     return b"tests.lab.cli" in argv and b"serve" in argv and str(root).encode() in argv
 
 
-def serve(root: Path, *, healthy: bool) -> int:
+def serve(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
     """Foreground: build the lab, publish lab.json, idle until SIGTERM/SIGINT/SIGHUP, then tear down."""
     paths = _paths(root)
     _atomic_write(paths["pid"], f"{os.getpid()}\n")
@@ -203,7 +239,7 @@ def serve(root: Path, *, healthy: bool) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
-    running = build_lab(root, healthy=healthy)
+    running = build_lab(root, healthy=healthy, real_torch=real_torch)
     try:
         node = running.lab.node("pve1")
         info = LabInfo(
@@ -256,7 +292,7 @@ def describe(info: LabInfo) -> str:
     )
 
 
-def up(root: Path, *, healthy: bool) -> int:
+def up(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
     pid = _read_pid(root)
     if pid is not None and _is_lab_process(pid, root):
         info = _read_info(root)
@@ -265,7 +301,7 @@ def up(root: Path, *, healthy: bool) -> int:
     if root.exists() and any(root.iterdir()):
         # A previous lab that died without `down`: clean it up before reusing the directory.
         _teardown_leftovers(root)
-    problems = prerequisite_problems(healthy)
+    problems = prerequisite_problems(healthy, real_torch)
     if problems:
         print("the lab cannot start here:\n" + "".join(f"  - {p}\n" for p in problems), file=sys.stderr)
         return 2
@@ -275,6 +311,10 @@ def up(root: Path, *, healthy: bool) -> int:
     argv = [sys.executable, "-m", "tests.lab.cli", "serve", "--dir", str(root)]
     if not healthy:
         argv.append("--no-healthy")
+    if real_torch:
+        argv.append("--real-torch")
+        print("starting the lab with --real-torch: the first start builds the torch venv and the CUDA 13.0 "
+              "debs (minutes)", flush=True)
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": python_path}
     with paths["log"].open("ab") as log:
@@ -283,7 +323,8 @@ def up(root: Path, *, healthy: bool) -> int:
             argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True,
         )
-    deadline = time.monotonic() + START_TIMEOUT
+    timeout = REAL_TORCH_START_TIMEOUT if real_torch else START_TIMEOUT
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         info = _read_info(root)
         if info is not None and info.pid == process.pid:
@@ -296,7 +337,7 @@ def up(root: Path, *, healthy: bool) -> int:
             _teardown_leftovers(root)
             return 1
         time.sleep(0.2)
-    print(f"the lab did not come up within {START_TIMEOUT:.0f}s; see {paths['log']}", file=sys.stderr)
+    print(f"the lab did not come up within {timeout:.0f}s; see {paths['log']}", file=sys.stderr)
     return 1
 
 
@@ -392,18 +433,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None,
                         help=f"lab directory (default: ${LAB_DIR_ENV}, else {DEFAULT_LAB_DIR})")
     parser.add_argument("--no-healthy", action="store_true", help="only the two problem containers")
+    parser.add_argument("--real-torch", action="store_true",
+                        help="also CT 203 train-cu130: real torch (CUDA 13.0), real nvcc 13.0 in the repo")
     args = parser.parse_args(argv)
     root = (args.dir or lab_dir()).absolute()
     healthy = not args.no_healthy
     if args.command == "up":
-        return up(root, healthy=healthy)
+        return up(root, healthy=healthy, real_torch=args.real_torch)
     if args.command == "down":
         return down(root)
     if args.command == "status":
         return status(root)
     if args.command == "env":
         return env_lines(root)
-    return serve(root, healthy=healthy)
+    return serve(root, healthy=healthy, real_torch=args.real_torch)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from pathlib import Path
 REAL_TORCH_VERSION = "2.14.1"
 REAL_TORCH_CUDA = "13.0"
 ROOT_ENV = "FLEETFIX_REAL_TORCH_ROOT"
+CACHE_ENV = "FLEETFIX_TEST_CACHE"
 BASE_PYTHON = Path("/usr/bin/python3")
 # Build requirements of CUDA extensions that `pip install --no-build-isolation` takes from the env itself.
 BUILD_REQUIREMENTS = ("setuptools", "wheel", "ninja", "packaging")
@@ -50,6 +51,14 @@ class RealTorch:
     @property
     def python(self) -> Path:
         return self.venv / "bin" / "python"
+
+
+def cache_root() -> Path:
+    """Downloads and built repos kept across sessions ($FLEETFIX_TEST_CACHE, default /opt/fleetfix-test-cache:
+    under /opt, so containers see wheel directories at the same path)."""
+    root = Path(os.environ.get(CACHE_ENV) or "/opt/fleetfix-test-cache")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
 
 
 def default_root() -> Path:
