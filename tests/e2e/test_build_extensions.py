@@ -231,6 +231,7 @@ def test_pip_toolkit_without_apt_then_build(
     report("tiny extension build (pip toolkit)", f"{build_s:.0f} s")
 
 
+@pytest.mark.full_build
 @pytest.mark.timeout(4 * 3600)
 @pytest.mark.skipif(os.environ.get(FULL_BUILD_ENV) != "1",
                     reason=f"the full causal-conv1d build takes ~30 min on 2 cores: set {FULL_BUILD_ENV}=1")

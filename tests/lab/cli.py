@@ -72,7 +72,7 @@ PROBLEM_CONTAINERS = (
 )
 HEALTHY_CONTAINER = LabContainer(202, "infer-a", ("inference",), "healthy")
 REAL_TORCH_CONTAINER = LabContainer(
-    203, "train-cu130", ("training", "real-torch"), "real-torch", python=str(venv_path() / "bin" / "python")
+    203, "train-cu130", ("real-torch",), "real-torch", python=str(venv_path() / "bin" / "python")
 )
 # A small CUDA extension of our own (one .cu kernel) that compiles in about a minute on 2 cores; the
 # real-torch container gets its source at TINY_EXTENSION_IN_CT.
