@@ -124,10 +124,12 @@ FALLBACKS: dict[str, str] = {
     "flash_attn": "attention falls back to the sdpa/eager implementation",
     "mamba_ssm": "Mamba layers fall back to the slow reference scan",
 }
-# Which missing extension is implied by which present one: both halves of a fast path are needed.
+# Which missing extension is implied by which present one. Only one way round: fla's GatedDeltaNet and
+# mamba_ssm run their fast path through causal_conv1d, but causal_conv1d on its own is a complete install
+# (transformers' Mamba-family models call it without fla), so it implies nothing. A team that wants fla
+# everywhere lists it in the inventory's required_extensions.
 PARTNERS: dict[str, tuple[str, ...]] = {
-    "causal_conv1d": ("fla", "mamba_ssm"),   # GatedDeltaNet needs fla+causal_conv1d; mamba uses it too
-    "fla": ("causal_conv1d",),
+    "causal_conv1d": ("fla", "mamba_ssm"),
 }
 
 
