@@ -5,7 +5,7 @@ Everything here is real: torch 2.14.1 (CUDA 13.0 build, a venv on this machine s
 the overlay, tests/lab/realtorch.py), nvcc 13.0 (this machine's /usr/local/cuda-13.0 packaged as NVIDIA-style
 debs, or NVIDIA's own PyPI wheels), gcc, and a small CUDA extension of our own
 (tests/fixtures/extensions/fleetfix-tiny-ext: one .cu kernel, built with torch.utils.cpp_extension for one
-arch so it compiles in about a minute on 2 cores). The full causal-conv1d build (~30 min) is opt-in:
+arch so it compiles in about a minute on 2 cores). The full causal-conv1d build (~1.5 h on 2 cores) is opt-in:
 
     FLEETFIX_CAUSAL_CONV1D_FULL=1 pytest tests/e2e/test_build_extensions.py -k causal_conv1d_full
 
@@ -234,7 +234,7 @@ def test_pip_toolkit_without_apt_then_build(
 @pytest.mark.full_build
 @pytest.mark.timeout(4 * 3600)
 @pytest.mark.skipif(os.environ.get(FULL_BUILD_ENV) != "1",
-                    reason=f"the full causal-conv1d build takes ~30 min on 2 cores: set {FULL_BUILD_ENV}=1")
+                    reason=f"the full causal-conv1d build takes ~1.5 h on 2 cores: set {FULL_BUILD_ENV}=1")
 def test_causal_conv1d_full(
     lab: Lab, make_ct: Callable[..., Container], real_torch: RealTorch, real_repo: AptRepo, tmp_path: Path,
 ) -> None:

@@ -15,7 +15,7 @@ The convention, inside ```console blocks only:
   command printed (stdout and stderr together). Unmarked lines are real output too, but vary from run to
   run (timings, run ids, ports) and are not compared.
 * A console block right after the line `<!-- opt-in: VAR -->` runs only when the environment has VAR=1
-  (the full causal-conv1d build: ~40 min on 2 cores); its output was pasted from such a run.
+  (the full causal-conv1d build: ~1.5 h on 2 cores); its output was pasted from such a run.
 * The tutorial runs against a lab started with `--real-torch` (its train-cu130 container compiles a real
   CUDA extension), the other docs against the plain lab.
 * `$LAB_INVENTORY` and `$REPO_BASE` stand for the lab's inventory path and cuda_repo_base, in commands
