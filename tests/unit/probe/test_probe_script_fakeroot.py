@@ -298,6 +298,48 @@ def test_deep_imports_in_children(fakeroot: Path, fakebin: FakeBin, site: Path, 
     assert not list(site.rglob("__pycache__"))
 
 
+def test_extension_versions_from_dist_info_and_egg_info(fakeroot: Path, fakebin: FakeBin, site: Path,
+                                                        tmp_path: Path) -> None:
+    # What pip (wheel: .dist-info, names normalised), `setup.py develop` (.egg-info directory) and
+    # old distutils (.egg-info file) leave; the first match along sys.path wins, as in importlib.metadata.
+    write(site, "causal_conv1d-1.5.0.post8.dist-info/METADATA",
+          "Metadata-Version: 2.1\nName: causal-conv1d\nVersion: 1.5.0.post8\n\nVersion: not-a-header\n")
+    write(site, "Flash_Attn.egg-info/PKG-INFO", "Metadata-Version: 1.0\nName: flash_attn\nVersion: 2.7.4\n")
+    write(site, "fla_core-0.1.egg-info", "Metadata-Version: 1.0\nName: fla-core\nVersion: 0.1\n")
+    later = tmp_path / "later"
+    write(later, "causal_conv1d-9.9.dist-info/METADATA", "Name: causal-conv1d\nVersion: 9.9\n")
+    env = python_env(site, tmp_path) | {"PYTHONPATH": f"{site}:{later}"}
+    fakebin.link("python3", sys.executable)
+    ext = probe(fakeroot, fakebin, ("python3",), env=env).pythons[0].extensions
+    assert ext["causal_conv1d"].version == "1.5.0.post8"
+    assert ext["flash_attn"].version == "2.7.4"
+    assert ext["fla"].version == "0.1"
+    assert ext["mamba_ssm"].version is None
+
+
+@pytest.mark.parametrize(("text", "version", "cuda"), [
+    ('__version__ = "2.8.0+cu128"  # generated\ncuda = "12.8"\nhip = None\n', "2.8.0+cu128", "12.8"),
+    ("__version__ = '2.8.0'\ncuda: Optional[str] = None\nif cuda == '1':\n    cuda = '9.9'\n", "2.8.0", None),
+    ("def broken(:\n", None, None),
+])
+def test_torch_version_py_is_read_as_text(fakeroot: Path, fakebin: FakeBin, tmp_path: Path,
+                                          text: str, version: str | None, cuda: str | None) -> None:
+    site = tmp_path / "site"
+    write(site, "torch/__init__.py", "raise SystemExit('torch must not be imported')\n")
+    write(site, "torch/version.py", text)
+    fakebin.link("python3", sys.executable)
+    torch = probe(fakeroot, fakebin, ("python3",), env={"PYTHONPATH": str(site)}).pythons[0].torch
+    assert torch is not None and (torch.version, torch.cuda, torch.hip) == (version, cuda, None)
+
+
+def test_any_interpreter_name_comes_back_intact(fakeroot: Path, fakebin: FakeBin) -> None:
+    # The Python side writes its JSON by hand (json imports re: a third of its start-up).
+    name = 'py"th\\on\t\x01é€😀'
+    fakebin.link(name, sys.executable)
+    env = probe(fakeroot, fakebin, (name,)).pythons[0]
+    assert env.error is None and env.interpreter == name
+
+
 def test_a_torch_directory_in_the_cwd_is_not_the_envs_torch(fakeroot: Path, fakebin: FakeBin,
                                                            tmp_path: Path) -> None:
     write(tmp_path, "torch/version.py", "__version__ = '0.0.0+fake'\ncuda = '9.9'\n")
