@@ -61,11 +61,16 @@ class LabNode:
 
 def _install_wrapper(sbin_dir: Path, command: str, script: Path, node_dir: Path) -> None:
     wrapper = sbin_dir / command
-    # -I -S: no PYTHON* variables, no user site, no .pth files: fast start, same behaviour everywhere.
+    python = f"{NODE_PYTHON} -I -S"  # no PYTHON* variables, user site or .pth files: fast, same everywhere
+    fast_exec = ""
+    if command == "pct":  # the call every probe and task pays for: its own lean module (pct_exec.py)
+        lean = shlex.quote(str(script.with_name("pct_exec.py")))
+        fast_exec = f'case "${{1:-}}" in exec) shift; exec {python} {lean} "$@" ;; esac\n'
     wrapper.write_text(
         "#!/bin/sh\n"
         f"export {NODE_DIR_ENV}={shlex.quote(str(node_dir))}\n"
-        f'exec {NODE_PYTHON} -I -S {shlex.quote(str(script))} "$@"\n'
+        f"{fast_exec}"
+        f'exec {python} {shlex.quote(str(script))} "$@"\n'
     )
     wrapper.chmod(0o755)
 

@@ -32,225 +32,32 @@ from __future__ import annotations
 
 import os
 import re
-import resource
-import select
 import shutil
-import signal
-import stat
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import contextlib
-
 import container as ctlib
+import pct_exec
+from pct_exec import EXIT_DIE, PctDie, bool_option, check_vmid, missing_config, parse_options
 
-EXIT_DIE = 255  # what a Perl `die` in PVE's CLI handler exits with
-PLAIN_EXEC_ENV = "FLEETFIX_LAB_PCT_PLAIN_EXEC"
-_LAB_ENV_PREFIX = "FLEETFIX_LAB_"
 _SNAPNAME_RE = re.compile(r"^[a-z][a-z0-9_-]+$", re.IGNORECASE)  # pve-configid, max 40 chars
-_RELAYED_SIGNALS = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-    signal.SIGUSR1,
-    signal.SIGUSR2,
-)
-
-
-class PctDie(Exception):
-    """A PVE-style fatal error: message printed as-is, exit 255."""
-
-
-def _parse_options(
-    args: list[str], allowed: dict[str, bool], *, require_order: bool = False
-) -> tuple[dict[str, str], list[str]]:
-    """Split PVE-style `--name value` options (allowed: name -> takes a value) from positional args.
-
-    Options may come anywhere (Getopt::Long's default), except that with require_order (PVE uses it for
-    commands taking `extra-args`, like exec) the first positional word ends option parsing. Everything
-    after `--` is positional verbatim.
-    """
-    options: dict[str, str] = {}
-    positional: list[str] = []
-    index = 0
-    while index < len(args):
-        arg = args[index]
-        if arg == "--":
-            positional += args[index + 1 :]
-            break
-        if require_order and positional:
-            positional += args[index:]
-            break
-        if arg.startswith("-") and len(arg) > 1:
-            name, has_eq, value = arg.lstrip("-").partition("=")
-            if name not in allowed:
-                raise PctDie(f"Unknown option: {name}")
-            if allowed[name] and not has_eq:
-                index += 1
-                if index >= len(args):
-                    raise PctDie(f"Option {name} requires an argument")
-                value = args[index]
-            options[name] = value if allowed[name] else "1"
-        else:
-            positional.append(arg)
-        index += 1
-    return options, positional
-
-
-def _bool_option(value: str | None, default: bool) -> bool:
-    if value is None:
-        return default
-    return value.lower() in ("1", "true", "yes", "on")
 
 
 def _vmid(node: ctlib.NodeState, text: str | None, *, must_exist: bool = True) -> ctlib.Container:
-    if text is None or not re.fullmatch(r"[1-9][0-9]{2,8}", text):
-        raise PctDie(
-            "400 Parameter verification failed.\n"
-            f"vmid: invalid format - value '{text}' does not look like a valid VM ID"
-        )
-    ct = node.container(int(text))
+    ct = node.container(check_vmid(text))
     if must_exist and not ct.exists():
-        # Config::load_config on a CT that is not on this node.
-        raise PctDie(f"Configuration file 'nodes/{node.name}/lxc/{text}.conf' does not exist")
+        raise missing_config(str(node.dir), ct.ctid)
     return ct
-
-
-# ----------------------------------------------------------------------------------------------------------
-# exec
-# ----------------------------------------------------------------------------------------------------------
-def _exec_environment(keep_env: bool) -> dict[str, str]:
-    if keep_env:
-        env = {key: value for key, value in os.environ.items() if not key.startswith(_LAB_ENV_PREFIX)}
-        env.pop("SSL_CERT_FILE", None)
-        env.pop("SSL_CERT_DIR", None)
-        env["PATH"] = ctlib.PVE_CLI_PATH
-    else:
-        # lxc-attach --clear-env: an empty environment plus its default PATH.
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-    env["container"] = "lxc"
-    return env
-
-
-def cmd_exec(node: ctlib.NodeState, args: list[str]) -> int:
-    vmid_text = args[0] if args else None
-    ct = _vmid(node, vmid_text)
-    options, command = _parse_options(args[1:], {"keep-env": True}, require_order=True)
-    if not ct.running:
-        raise PctDie(f"container '{ct.ctid}' not running!")
-    if not command:
-        raise PctDie("missing command")
-    argv = ct.nsenter_argv(command)
-    env = _exec_environment(_bool_option(options.get("keep-env"), default=True))
-    plain = os.environ.get(PLAIN_EXEC_ENV) == "1" or os.isatty(0)
-    if plain:
-        _restore_default_signals()
-        os.execve(argv[0], argv, env)
-    return _run_watched(argv, env)
-
-
-def _restore_default_signals() -> None:
-    """Python ignores SIGPIPE and SIGXFSZ, and exec keeps ignored signals: undo that for the command."""
-    for signum in (signal.SIGPIPE, signal.SIGXFSZ, *_RELAYED_SIGNALS):
-        signal.signal(signum, signal.SIG_DFL)
-
-
-def _is_pipe_or_socket(fd: int) -> bool:
-    try:
-        mode = os.fstat(fd).st_mode
-    except OSError:
-        return False
-    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _hang_up(child: int, grace: float = 1.0) -> int:
-    """The channel is gone: end the command's process group; return the child's wait status.
-
-    SIGPIPE first, as the command's next write would have got (so `... | head -1` on the node still sees
-    141), then SIGKILL for whatever in the group ignored it, so nothing outlives the channel.
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child, signal.SIGPIPE)
-    status: int | None = None
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if status is None:
-            pid, wait_status = os.waitpid(child, os.WNOHANG)
-            status = wait_status if pid else None
-        if status is not None and not _group_alive(child):  # reaped nsenter; the command is gone too
-            return status
-        time.sleep(0.01)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(child, signal.SIGKILL)
-    return status if status is not None else os.waitpid(child, 0)[1]
-
-
-def _run_watched(argv: list[str], env: dict[str, str]) -> int:
-    """Fork+exec argv in its own process group and mirror its fate (see the module docstring)."""
-    child = os.fork()
-    if child == 0:  # pragma: no cover - the child
-        try:
-            os.setpgid(0, 0)
-            _restore_default_signals()
-            os.execve(argv[0], argv, env)
-        finally:
-            os._exit(127)
-    # Make sure the group exists before anything could be relayed to it (avoid a race with the child).
-    with contextlib.suppress(OSError):
-        os.setpgid(child, child)
-
-    def relay(signum: int, _frame: object) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(child, signum)
-
-    for signum in _RELAYED_SIGNALS:
-        signal.signal(signum, relay)
-    # Not SIGPIPE: we never write; the command gets its own SIGPIPE.
-    pidfd = os.pidfd_open(child)
-    poller = select.poll()
-    poller.register(pidfd, select.POLLIN)
-    for fd in {1, 2}:
-        if _is_pipe_or_socket(fd):
-            poller.register(fd, 0)  # POLLERR/POLLHUP are always reported: the reader went away
-    reader_gone = False
-    while not reader_gone:
-        events = poller.poll()  # EINTR (a relayed signal) is retried by Python itself
-        if any(fd == pidfd for fd, _ in events):
-            break
-        reader_gone = any(
-            fd in (1, 2) and revents & (select.POLLERR | select.POLLHUP) for fd, revents in events
-        )
-    status = _hang_up(child) if reader_gone else os.waitpid(child, 0)[1]
-    if os.WIFEXITED(status):
-        return os.WEXITSTATUS(status)
-    fatal = os.WTERMSIG(status)
-    if fatal in (signal.SIGKILL, signal.SIGSTOP):  # cannot be re-raised by handler; die the same way
-        os.kill(os.getpid(), fatal)
-    signal.signal(fatal, signal.SIG_DFL)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.kill(os.getpid(), fatal)
-    return 128 + fatal
 
 
 # ----------------------------------------------------------------------------------------------------------
 # list / status / start / stop / config
 # ----------------------------------------------------------------------------------------------------------
 def cmd_list(node: ctlib.NodeState, args: list[str]) -> int:
-    _parse_options(args, {})
+    parse_options(args, {})
     containers = node.containers()
     if not containers:
         return 0  # real pct prints nothing at all, not even the header
@@ -264,7 +71,7 @@ def cmd_list(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 def cmd_status(node: ctlib.NodeState, args: list[str]) -> int:
-    options, positional = _parse_options(args, {"verbose": False})
+    options, positional = parse_options(args, {"verbose": False})
     ct = _vmid(node, positional[0] if positional else None)
     if options.get("verbose"):
         config = ct.config().main
@@ -284,7 +91,7 @@ def cmd_status(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 def cmd_start(node: ctlib.NodeState, args: list[str]) -> int:
-    _, positional = _parse_options(args, {"skiplock": False, "debug": False})
+    _, positional = parse_options(args, {"skiplock": False, "debug": False})
     ct = _vmid(node, positional[0] if positional else None)
     if ct.running:
         raise PctDie(f"CT {ct.ctid} already running")
@@ -293,7 +100,7 @@ def cmd_start(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 def cmd_stop(node: ctlib.NodeState, args: list[str]) -> int:
-    _, positional = _parse_options(args, {"skiplock": False, "overrule-shutdown": False})
+    _, positional = parse_options(args, {"skiplock": False, "overrule-shutdown": False})
     ct = _vmid(node, positional[0] if positional else None)
     if not ct.running:
         raise PctDie(f"CT {ct.ctid} not running")
@@ -302,7 +109,7 @@ def cmd_stop(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 def cmd_config(node: ctlib.NodeState, args: list[str]) -> int:
-    _, positional = _parse_options(args, {"current": False, "snapshot": True})
+    _, positional = parse_options(args, {"current": False, "snapshot": True})
     ct = _vmid(node, positional[0] if positional else None)
     config = ct.config().main
     for key in sorted(config):
@@ -317,7 +124,7 @@ def cmd_config(node: ctlib.NodeState, args: list[str]) -> int:
 def _snapshot_args(
     node: ctlib.NodeState, args: list[str], allowed: dict[str, bool]
 ) -> tuple[ctlib.Container, str, dict[str, str]]:
-    options, positional = _parse_options(args, allowed)
+    options, positional = parse_options(args, allowed)
     ct = _vmid(node, positional[0] if positional else None)
     if len(positional) < 2:
         raise PctDie("400 not enough arguments")
@@ -367,7 +174,7 @@ def cmd_snapshot(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 def cmd_listsnapshot(node: ctlib.NodeState, args: list[str]) -> int:
-    _, positional = _parse_options(args, {})
+    _, positional = parse_options(args, {})
     ct = _vmid(node, positional[0] if positional else None)
     config = ct.config()
     entries: dict[str, dict[str, str]] = {name: dict(values) for name, values in config.snapshots.items()}
@@ -421,7 +228,7 @@ def cmd_rollback(node: ctlib.NodeState, args: list[str]) -> int:
     restored["parent"] = name
     config.main = restored
     ct.save_config(config)
-    if _bool_option(options.get("start"), default=False):
+    if bool_option(options.get("start"), default=False):
         ct.start()
     return 0
 
@@ -467,7 +274,7 @@ def _ownership_script(options: dict[str, str]) -> str:
 
 
 def cmd_push(node: ctlib.NodeState, args: list[str]) -> int:
-    options, positional = _parse_options(args, _FILE_OPTIONS)
+    options, positional = parse_options(args, _FILE_OPTIONS)
     ct = _vmid(node, positional[0] if positional else None)
     if len(positional) != 3:
         raise PctDie("400 not enough arguments")
@@ -493,7 +300,7 @@ def cmd_push(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 def cmd_pull(node: ctlib.NodeState, args: list[str]) -> int:
-    options, positional = _parse_options(args, _FILE_OPTIONS)
+    options, positional = parse_options(args, _FILE_OPTIONS)
     ct = _vmid(node, positional[0] if positional else None)
     if len(positional) != 3:
         raise PctDie("400 not enough arguments")
@@ -513,7 +320,7 @@ def cmd_pull(node: ctlib.NodeState, args: list[str]) -> int:
 
 
 COMMANDS = {
-    "exec": cmd_exec,
+    "exec": lambda node, args: pct_exec.cmd_exec(str(node.dir), args),
     "list": cmd_list,
     "status": cmd_status,
     "start": cmd_start,
