@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -281,26 +280,10 @@ def render_probe(reports: Sequence[TargetReport], *, as_json: bool) -> None:
             console.print(f"   [{SEVERITY_STYLE[severity]}]{severity.upper():<7}[/] "
                           f"[bold]{finding.code}[/]: {escape(finding.summary)}")
             if finding.fix is not None:
-                console.print(f"            fix: {escape(_fix_text(finding))}")
+                console.print(f"            fix: {escape(finding.fix.text())}")
         console.print()
     if len(reports) > 1:
         _render_summary_table(reports)
-
-
-def _fix_text(finding: Any) -> str:
-    fix = finding.fix
-    parts = []
-    if getattr(fix, "playbook", None):
-        extra = " ".join(f"--var {shlex.quote(f'{k}={_var_text(v)}')}" for k, v in (fix.vars or {}).items())
-        parts.append(f"fleetfix apply {fix.playbook}" + (f" {extra}" if extra else ""))
-    if getattr(fix, "hint", None):
-        parts.append(fix.hint)
-    return " — ".join(parts)
-
-
-def _var_text(value: Any) -> str:
-    """A var as `--var` takes it: lists comma-separated (build-extensions reads `a,b`)."""
-    return ",".join(str(v) for v in value) if isinstance(value, list | tuple) else str(value)
 
 
 def _summary(reports: Sequence[TargetReport]) -> dict[str, int]:

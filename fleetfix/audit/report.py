@@ -11,7 +11,7 @@ import os
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -33,15 +33,6 @@ def health_counts(run: AuditRun) -> dict[str, int]:
     for result in run.targets:
         counts[result.health] = counts.get(result.health, 0) + 1
     return counts
-
-
-def fix_text(finding: Finding) -> str:
-    parts = []
-    if finding.fix.playbook:
-        extra = " ".join(f"--var {key}={value}" for key, value in finding.fix.vars.items())
-        parts.append(f"fleetfix apply {finding.fix.playbook}" + (f" {extra}" if extra else ""))
-    parts.append(finding.fix.hint)
-    return " — ".join(parts)
 
 
 def _when(epoch: float | None) -> str:
@@ -111,14 +102,22 @@ def remediation_report(run: AuditRun) -> str:
     remediated = {t.target for t in remediation.targets} if remediation else set()
     for result in run.targets:
         shown = [f for f in result.findings if result.target in remediated and f.severity.value != "info"]
-        if shown:
-            lines += ["", f"== {result.target} (after remediation)"]
-            for finding in shown:
-                lines.append(f"   {finding.severity.value.upper():<7} {finding.code}: {finding.summary}")
-                lines.append(f"           fix: {fix_text(finding)}")
-    counts = ", ".join(f"{n} {health}" for health, n in health_counts(run).items() if n)
-    lines += ["", f"after remediation: {len(run.targets)} target(s): {counts or 'none'}"]
+        lines += _findings_block(f"{result.target} (after remediation)", shown)
+    lines += ["", f"after remediation: {_counts(run)}"]
     return "\n".join(lines) + "\n"
+
+
+def _findings_block(title: str, findings: Sequence[Finding]) -> list[str]:
+    lines = ["", f"== {title}"] if findings else []
+    for finding in findings:
+        lines.append(f"   {finding.severity.value.upper():<7} {finding.code}: {finding.summary}")
+        lines.append(f"           fix: {finding.fix.text()}")
+    return lines
+
+
+def _counts(run: AuditRun) -> str:
+    counts = ", ".join(f"{n} {health}" for health, n in health_counts(run).items() if n)
+    return f"{len(run.targets)} target(s): {counts or 'none'}"
 
 
 def text_report(run: AuditRun, *, verbose: bool = False) -> str:
@@ -135,15 +134,8 @@ def text_report(run: AuditRun, *, verbose: bool = False) -> str:
         lines.append(f"{result.target:<{width}}  {result.health:<11}  {codes}")
     for result in run.targets:
         shown = [f for f in result.findings if verbose or f.severity.value != "info"]
-        if not shown:
-            continue
-        lines.append("")
-        lines.append(f"== {result.target}")
-        for finding in shown:
-            lines.append(f"   {finding.severity.value.upper():<7} {finding.code}: {finding.summary}")
-            lines.append(f"           fix: {fix_text(finding)}")
-    counts = ", ".join(f"{n} {health}" for health, n in health_counts(run).items() if n)
-    lines += ["", f"{len(run.targets)} target(s): {counts or 'none'}"]
+        lines += _findings_block(result.target, shown)
+    lines += ["", _counts(run)]
     return "\n".join(lines) + "\n"
 
 
@@ -179,7 +171,7 @@ def html_report(run: AuditRun) -> str:
     template = _environment().get_template("report.html.j2")
     return template.render(
         run=run, info=run.info, drift=run.drift, counts=health_counts(run), when=_when,
-        fix_text=fix_text, severity_rank={s: i for i, s in enumerate(HEALTH_ORDER)},
+        severity_rank={s: i for i, s in enumerate(HEALTH_ORDER)},
         remediation=remediation_lines(run),
     )
 
@@ -233,7 +225,7 @@ def _testcase(suite: ET.Element, result: TargetResult, name: str, counts: dict[s
 
 
 def _finding_text(finding: Finding) -> str:
-    return f"{finding.severity.value.upper()} {finding.code}: {finding.summary}\nfix: {fix_text(finding)}"
+    return f"{finding.severity.value.upper()} {finding.code}: {finding.summary}\nfix: {finding.fix.text()}"
 
 
 def _iso(epoch: float) -> str:

@@ -9,6 +9,7 @@ version tables come from ../shared/docs/DOMAIN.md; the section is named next to 
 
 from __future__ import annotations
 
+import shlex
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
@@ -35,6 +36,22 @@ class Fix(BaseModel):
     playbook: str | None = None
     vars: dict[str, Any] = Field(default_factory=dict)
     hint: str
+
+    def text(self) -> str:
+        """One line to show a person: the `fleetfix apply` command to paste (each --var quoted for the
+        shell; lists comma-separated, as build-extensions reads them) — then the hint."""
+        parts = []
+        if self.playbook:
+            assignments = (f"{name}={_var_text(value)}" for name, value in self.vars.items())
+            options = (f"--var {shlex.quote(assignment)}" for assignment in assignments)
+            parts.append(" ".join(["fleetfix apply", self.playbook, *options]))
+        if self.hint:
+            parts.append(self.hint)
+        return " — ".join(parts)
+
+
+def _var_text(value: Any) -> str:
+    return ",".join(str(item) for item in value) if isinstance(value, list | tuple) else str(value)
 
 
 class Finding(BaseModel):

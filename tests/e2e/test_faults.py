@@ -572,23 +572,31 @@ def nap_playbook(path: Path) -> Path:
                                   "apply": "sleep {{ nap }}; touch /root/napped"}])
 
 
+@contextlib.contextmanager
+def napping_apply(lab: Lab, cts: Sequence[Container], tmp_path: Path, nap: str
+                  ) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
+    """`fleetfix apply` of nap_playbook on cts, one at a time (--serial 1: there is always a next target
+    not yet started), yielded (state dir, process) once the first target's `sleep NAP` runs; whatever
+    still sleeps is killed afterwards."""
+    inventory = write_nodes(tmp_path / "inventory.yaml", [node_entry(
+        lab, containers=[(ct.ctid, {}) for ct in cts])])
+    state = tmp_path / "state"
+    process = start_cli("apply", str(nap_playbook(tmp_path / "nap.yaml")), "-i", str(inventory),
+                        "--state-dir", str(state), "--serial", "1", "--var", f"nap={nap}")
+    try:
+        wait_for(lambda: pids_running(f"sleep {nap}"), 30, "the first target's step")
+        yield state, process
+    finally:
+        kill_quietly(pids_running(f"sleep {nap}"))
+
+
 def test_12_ctrl_c_during_apply_finishes_in_flight_and_starts_nothing_new(
     lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
 ) -> None:
     cts = [make_ct() for _ in range(3)]
-    marker = f"2.{unique()}"
-    inventory = write_nodes(tmp_path / "inventory.yaml", [node_entry(
-        lab, containers=[(ct.ctid, {}) for ct in cts])])
-    state = tmp_path / "state"
-    # --serial 1: one target at a time, so there is always a next one not yet started.
-    process = start_cli("apply", str(nap_playbook(tmp_path / "nap.yaml")), "-i", str(inventory),
-                        "--state-dir", str(state), "--serial", "1", "--var", f"nap={marker}")
-    try:
-        wait_for(lambda: pids_running(f"sleep {marker}"), 30, "the first target's step")
+    with napping_apply(lab, cts, tmp_path, f"2.{unique()}") as (state, process):
         process.send_signal(signal.SIGINT)
         result = finish(process)
-    finally:
-        kill_quietly(pids_running(f"sleep {marker}"))
     assert result.exit_code == EXIT_INTERRUPTED, result.stdout + result.stderr
     assert "PLAY RECAP" in result.stdout
     assert "interrupted" in result.stderr and "Traceback" not in result.stderr
@@ -608,22 +616,13 @@ def test_12_second_ctrl_c_aborts_at_once_and_records_stay_readable(
     lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
 ) -> None:
     cts = [make_ct() for _ in range(2)]
-    marker = f"3{unique()}.5"
-    inventory = write_nodes(tmp_path / "inventory.yaml", [node_entry(
-        lab, containers=[(ct.ctid, {}) for ct in cts])])
-    state = tmp_path / "state"
-    process = start_cli("apply", str(nap_playbook(tmp_path / "nap.yaml")), "-i", str(inventory),
-                        "--state-dir", str(state), "--serial", "1", "--var", f"nap={marker}")
-    try:
-        wait_for(lambda: pids_running(f"sleep {marker}"), 30, "the first target's step")
+    with napping_apply(lab, cts, tmp_path, f"3{unique()}.5") as (state, process):
         process.send_signal(signal.SIGINT)
         time.sleep(0.3)
         started = time.monotonic()
         process.send_signal(signal.SIGINT)
         result = finish(process, timeout=30)
         assert time.monotonic() - started < 5, "the second Ctrl-C did not abort at once"
-    finally:
-        kill_quietly(pids_running(f"sleep {marker}"))
     assert result.exit_code == EXIT_INTERRUPTED, result.stdout + result.stderr
     assert "aborted" in result.stderr
     [run] = runs(state)
@@ -673,18 +672,9 @@ def test_13_sigkill_mid_apply_leaves_an_incomplete_run(
     lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
 ) -> None:
     cts = [make_ct() for _ in range(2)]
-    marker = f"3{unique()}.5"
-    inventory = write_nodes(tmp_path / "inventory.yaml", [node_entry(
-        lab, containers=[(ct.ctid, {}) for ct in cts])])
-    state = tmp_path / "state"
-    process = start_cli("apply", str(nap_playbook(tmp_path / "nap.yaml")), "-i", str(inventory),
-                        "--state-dir", str(state), "--serial", "1", "--var", f"nap={marker}")
-    try:
-        wait_for(lambda: pids_running(f"sleep {marker}"), 30, "the first target's step")
+    with napping_apply(lab, cts, tmp_path, f"3{unique()}.5") as (state, process):
         process.kill()
         finish(process)
-    finally:
-        kill_quietly(pids_running(f"sleep {marker}"))
     [run] = runs(state)
     assert run["status"] == "incomplete"
     shown = run_cli("runs", "show", run["run_id"], "--state-dir", str(state), "--json")

@@ -17,6 +17,7 @@ from fleetfix.probe.rules import (
     DISK_ERROR_MB,
     DISK_WARNING_MB,
     QWEN_FAST_PATH_WARNING,
+    Fix,
 )
 
 NVIDIA = "https://developer.download.nvidia.com/compute/cuda/repos"
@@ -91,6 +92,14 @@ def test_findings_are_json_serialisable() -> None:
     for name in ("problem_case", "apt_trouble", "debian13_sqv"):
         for finding in diagnose(facts_of(load_fixture(name))):
             assert Finding.model_validate_json(finding.model_dump_json()) == finding
+
+
+def test_fix_text_is_a_command_to_paste_then_the_hint() -> None:
+    fix = Fix(playbook=BUILD_EXTENSIONS_PLAYBOOK, hint="then re-probe",
+              vars={"extensions": ["causal_conv1d", "fla"], "cuda_version": "12.8", "note": "it's $HOME"})
+    assert fix.text() == (f"fleetfix apply {BUILD_EXTENSIONS_PLAYBOOK} --var extensions=causal_conv1d,fla"
+                          " --var cuda_version=12.8 --var 'note=it'\"'\"'s $HOME' — then re-probe")
+    assert Fix(hint="reboot the node").text() == "reboot the node"
 
 
 # ---------------------------------------------------------------- one case per code
