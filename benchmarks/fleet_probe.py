@@ -14,7 +14,10 @@ node (benchmarks/latency_proxy.py: RTT/2 each way), then runs, one after the oth
   checked with HostKeyAlias against the lab's known_hosts;
 - ansible-raw / ansible-setup (unless --no-ansible): ansible-playbook from a separate venv
   (benchmarks/.venv-ansible, see benchmarks/README.md) with `community.proxmox.proxmox_pct_remote`: the
-  probe as a `raw` task (and node facts as `raw` on the nodes), then fact gathering (`setup`) alone.
+  probe as a `raw` task (and node facts as `raw` on the nodes), then fact gathering (`setup`) alone;
+- pyinfra (unless --no-pyinfra): the pyinfra CLI from its own venv (benchmarks/.venv-pyinfra) with the
+  benchmark's `@pctssh/NODE:CTID` connector (benchmarks/pyinfra_pct: `pct exec CTID -- sh -c CMD` over
+  pyinfra's SSH connector, as its `@dockerssh` does with `docker exec`), the probe as `server.shell`.
 
 Each tool's wall time, controller CPU (os.wait4 rusage of its process tree), peak RSS and the TCP
 connections / exec channels the sshds logged are reported, with the ratios from this same run.
@@ -44,6 +47,7 @@ from tests.lab.bed import Lab
 REPO = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
 ANSIBLE_VENV = BENCH_DIR / ".venv-ansible"
+PYINFRA_VENV = BENCH_DIR / ".venv-pyinfra"
 FIRST_CTID = 200
 DEFAULT_FORKS = 32  # fleetfix's --forks default; also used for Ansible's forks
 DEFAULT_CHANNELS = 8  # fleetfix's channels per node; the floor's xargs -P per node
@@ -73,6 +77,7 @@ class ToolResult:
     peak_tree_rss_kib: int
     connections: int
     channels: int
+    refused: int
     per_node: dict[str, SshCounts] = field(default_factory=dict)
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -86,7 +91,7 @@ class ToolResult:
         return cls(
             tool, targets, ok, run.wall_s, run.cpu_s, run.maxrss_kib, run.peak_tree_rss_kib,
             sum(c.connections for c in counts.values()), sum(c.channels for c in counts.values()),
-            counts, dict(detail, returncode=run.returncode),
+            sum(c.refused for c in counts.values()), counts, dict(detail, returncode=run.returncode),
         )
 
 
@@ -380,15 +385,18 @@ def enable_usr_sbin_pct(fleet: Bed) -> None:
         )
 
 
+def write_proxy_known_hosts(fleet: Bed, nodes: Sequence[NodeSpec], path: Path) -> None:
+    """paramiko (under Ansible and pyinfra) checks host keys for [address]:port as dialled, i.e. the proxy's
+    port: the lab's keys, recorded for the proxy endpoints, so a wrong key still fails the connection."""
+    host_keys = {node.address: node.ssh.host_key_line for node in fleet.lab.nodes.values()}
+    lines = [f"[{n.address}]:{n.proxy_port or n.port} {host_keys[n.address]}\n" for n in nodes]
+    path.write_text("".join(lines))
+
+
 def write_ansible_project(fleet: Bed, nodes: Sequence[NodeSpec], forks: int, rundir: Path) -> None:
     home = rundir / "home"
     (home / ".ssh").mkdir(parents=True, exist_ok=True)
-    # paramiko checks host keys for [address]:port as dialled, i.e. the proxy's port: the same keys as
-    # the lab's known_hosts, recorded for the proxy endpoints, so a wrong key still fails the connection.
-    host_keys = {node.address: node.ssh.host_key_line for node in fleet.lab.nodes.values()}
-    (home / ".ssh" / "known_hosts").write_text("".join(
-        f"[{n.address}]:{n.proxy_port or n.port} {host_keys[n.address]}\n" for n in nodes
-    ))
+    write_proxy_known_hosts(fleet, nodes, home / ".ssh" / "known_hosts")
     (rundir / "ansible.cfg").write_text(ANSIBLE_CFG.format(forks=forks))
     inventory = ["[nodes]"]
     inventory += [f"{n.name} ansible_host={n.address} ansible_port={n.proxy_port or n.port}" for n in nodes]
@@ -442,18 +450,71 @@ def run_ansible(fleet: Bed, nodes: Sequence[NodeSpec], variant: str, *, forks: i
                                     errors=[line[:300] for line in failures[:3]], stderr=run.stderr[-500:])
 
 
+# -- pyinfra ---------------------------------------------------------------------------------------------
+
+PYINFRA_DEPLOY = """\
+from pyinfra import host
+from pyinfra.operations import server
+
+script = {node_script!r} if "nodes" in host.groups else {probe_script!r}
+with open(script) as handle:
+    server.shell(name="probe", commands=[handle.read()])
+"""
+_PYINFRA_DONE = re.compile(r"^\s*\[(\S+)\]\s+(Success|Error|No changes)", re.MULTILINE)
+
+
+def pyinfra_available(venv: Path = PYINFRA_VENV) -> bool:
+    return (venv / "bin" / "pyinfra").exists()
+
+
+def write_pyinfra_project(fleet: Bed, nodes: Sequence[NodeSpec], rundir: Path) -> None:
+    (rundir / "home").mkdir(parents=True, exist_ok=True)
+    write_proxy_known_hosts(fleet, nodes, rundir / "known_hosts")
+    ssh = {"ssh_user": "root", "ssh_key": str(fleet.lab.client_key), "ssh_look_for_keys": False,
+           "ssh_allow_agent": False, "ssh_known_hosts_file": str(rundir / "known_hosts"),
+           "ssh_strict_host_key_checking": "yes"}
+    node_hosts = [(n.address, {**ssh, "ssh_port": n.proxy_port or n.port}) for n in nodes]
+    container_hosts = [(f"@pctssh/{n.address}:{ctid}", {**ssh, "ssh_port": n.proxy_port or n.port})
+                       for n in nodes for ctid in n.ctids]
+    (rundir / "inventory.py").write_text(f"nodes = {node_hosts!r}\ncontainers = {container_hosts!r}\n")
+    (rundir / "deploy.py").write_text(PYINFRA_DEPLOY.format(
+        node_script=str(fleet.node_script), probe_script=str(fleet.probe_script)))
+
+
+def run_pyinfra(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS,
+                venv: Path = PYINFRA_VENV) -> ToolResult:
+    rundir = fleet.workdir / "pyinfra"
+    if not (rundir / "deploy.py").exists():
+        rundir.mkdir(exist_ok=True)
+        write_pyinfra_project(fleet, nodes, rundir)
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "PYINFRA_"))}
+    env.update({"HOME": str(rundir / "home"), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+                "NO_COLOR": "1"})
+    counter = fleet.counter()
+    counter.start()
+    argv = [str(venv / "bin" / "pyinfra"), "inventory.py", "deploy.py", "-y", "--parallel", str(forks)]
+    run = measure(argv, env=env, cwd=rundir)
+    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    containers = {f"@pctssh/{n.address}:{ctid}" for n in nodes for ctid in n.ctids}
+    done = dict(_PYINFRA_DONE.findall(run.stdout + run.stderr))
+    failed = sorted(host for host in containers if done.get(host) not in ("Success", "No changes"))
+    return ToolResult.from_measured("pyinfra", len(containers), len(containers) - len(failed), run, counts,
+                                    errors=[f"{host}: {done.get(host, 'no result')}" for host in failed[:3]],
+                                    stderr=run.stderr[-500:])
+
+
 # -- reporting -------------------------------------------------------------------------------------------
 
 
 def render(results: Sequence[ToolResult], *, nodes: int, cts: int, rtt_ms: float) -> str:
     header = (f"{'tool':<15}{'ok/targets':>11}{'wall s':>9}{'CPU s':>8}{'CPU/CT ms':>11}"
-              f"{'RSS MiB':>9}{'tree MiB':>10}{'TCP conns':>11}{'channels':>10}")
+              f"{'RSS MiB':>9}{'tree MiB':>10}{'TCP conns':>11}{'channels':>10}{'refused':>9}")
     lines = [f"{nodes} nodes x {cts} CTs = {nodes * cts} targets, +{rtt_ms:g} ms RTT", header]
     for r in results:
         lines.append(
             f"{r.tool:<15}{f'{r.ok}/{r.targets}':>11}{r.wall_s:>9.2f}{r.cpu_s:>8.2f}"
             f"{r.cpu_ms_per_target:>11.1f}{r.maxrss_kib / 1024:>9.1f}{r.peak_tree_rss_kib / 1024:>10.1f}"
-            f"{r.connections:>11}{r.channels:>10}"
+            f"{r.connections:>11}{r.channels:>10}{r.refused:>9}"
         )
     by_tool = {r.tool: r for r in results}
     fleetfix = by_tool.get("fleetfix")
@@ -493,6 +554,8 @@ def run_tool(fleet: Bed, tool: str, *, forks: int, channels: int) -> ToolResult:
         result = run_floor(fleet, fleet.nodes, channels=channels)
     elif tool.startswith("ansible-"):
         result = run_ansible(fleet, fleet.nodes, tool.removeprefix("ansible-"), forks=forks)
+    elif tool == "pyinfra":
+        result = run_pyinfra(fleet, fleet.nodes, forks=forks)
     else:
         raise ValueError(f"unknown tool {tool}")
     # The machine may be shared: the 1-minute load average around each run says how much it was.
@@ -542,12 +605,13 @@ def _summary(result: ToolResult) -> dict[str, Any]:
 def render_scaling(rows: Sequence[dict[str, Any]], rtt_ms: float) -> str:
     lines = [f"fleetfix alone, +{rtt_ms:g} ms RTT",
              f"{'targets':>8}{'nodes':>7}{'ok':>6}{'wall s':>9}{'probe s':>9}{'CPU/CT ms':>11}{'RSS MiB':>9}"
-             f"{'TCP conns':>11}{'channels':>10}"]
+             f"{'TCP conns':>11}{'channels':>10}{'refused':>9}"]
     for row in rows:
         lines.append(
             f"{row['targets']:>8}{row['nodes']:>7}{row['ok']:>6}{row['wall_s']:>9.2f}"
             f"{row['detail']['probe_wall_s']:>9.2f}{row['cpu_ms_per_target']:>11.2f}"
             f"{row['maxrss_kib'] / 1024:>9.1f}{row['connections']:>11}{row['channels']:>10}"
+            f"{row['refused']:>9}"
         )
     return "\n".join(lines)
 
@@ -561,7 +625,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rtt-ms", type=float, default=20.0, help="added round-trip time (0: no proxy)")
     parser.add_argument("--forks", type=int, default=DEFAULT_FORKS, help="fleetfix --forks and Ansible forks")
     parser.add_argument("--channels", type=int, default=DEFAULT_CHANNELS, help="exec channels per node")
-    parser.add_argument("--no-ansible", action="store_true", help="fleetfix and the floor only")
+    parser.add_argument("--no-ansible", action="store_true", help="leave Ansible out")
+    parser.add_argument("--no-pyinfra", action="store_true", help="leave pyinfra out")
     parser.add_argument("--targets-scaling", action="store_true",
                         help="fleetfix alone at 10, 100 and 1000 targets (50 nodes x 20 CTs)")
     parser.add_argument("--repeat", type=int, default=1,
@@ -589,6 +654,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     tools += ["ansible-raw", "ansible-setup"]
                 else:
                     _say(f"no Ansible venv at {ANSIBLE_VENV}: skipping Ansible (see benchmarks/README.md)")
+            if not args.no_pyinfra:
+                if pyinfra_available():
+                    tools.append("pyinfra")
+                else:
+                    _say(f"no pyinfra venv at {PYINFRA_VENV}: skipping pyinfra (see benchmarks/README.md)")
             fleet = start_fleet(workdir, args.nodes, args.cts, args.rtt_ms)
             try:
                 results = compare(fleet, tools=tools, forks=args.forks, channels=args.channels,

@@ -92,9 +92,19 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
             await reading
 
 
+# asyncio keeps only weak references to tasks, and Python 3.11's start_server drops its own reference to a
+# connection's handler task when the client's side closes: a handler still pumping the other direction was
+# then garbage-collected mid-flight ("Task was destroyed but it is pending!"). Live handlers are held here.
+_HANDLERS: set[asyncio.Task[None]] = set()
+
+
 async def _serve_one(
     route: Route, delay: float, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
 ) -> None:
+    handler = asyncio.current_task()
+    if handler is not None:
+        _HANDLERS.add(handler)
+        handler.add_done_callback(_HANDLERS.discard)
     route.accepted += 1
     try:
         upstream_reader, upstream_writer = await asyncio.open_connection(

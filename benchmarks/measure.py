@@ -21,7 +21,10 @@ from tests.lab.sshd import SshNode
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 SAMPLE_INTERVAL = 0.5  # seconds between /proc scans: a scan costs a few ms of the harness's CPU
 ACCEPTED = "Accepted publickey for"  # one line per authenticated TCP connection (sshd LogLevel DEBUG1)
-SESSION_OPEN = "server_input_channel_open: ctype session"  # one line per session (exec) channel
+SESSION_OPEN = "server_input_channel_open: ctype session"  # one line per session channel opened or refused
+# sshd's session.c when MaxSessions are in use; it frees closed sessions lazily, so a burst of opens can
+# draw this even below the limit. fleetfix retries such an open (ssh.OPEN_RETRY_DELAYS).
+SESSION_REFUSED = "no more sessions"
 
 
 @dataclass
@@ -106,11 +109,13 @@ def measure(
 @dataclass(frozen=True)
 class SshCounts:
     connections: int
-    channels: int
+    channels: int  # session channels sshd accepted
+    refused: int = 0  # session channel opens it refused (each retried or failed)
 
 
 class SshdLogCounter:
-    """Counts what each node's sshd logged since `start()`: authenticated connections, session channels."""
+    """Counts what each node's sshd logged since `start()`: authenticated connections, session channels
+    accepted and refused."""
 
     def __init__(self, nodes: Mapping[str, SshNode]) -> None:
         self.nodes = dict(nodes)
@@ -122,10 +127,14 @@ class SshdLogCounter:
     def per_node(self) -> dict[str, SshCounts]:
         counts: dict[str, SshCounts] = {}
         for name, node in self.nodes.items():
-            with open(node.log_path, "rb") as handle:
-                handle.seek(self._offsets.get(name, 0))
-                text = handle.read().decode(errors="replace")
-            counts[name] = SshCounts(text.count(ACCEPTED), text.count(SESSION_OPEN))
+            try:
+                with open(node.log_path, "rb") as handle:
+                    handle.seek(self._offsets.get(name, 0))
+                    text = handle.read().decode(errors="replace")
+            except FileNotFoundError:  # sshd has not written a line yet
+                text = ""
+            refused = text.count(SESSION_REFUSED)
+            counts[name] = SshCounts(text.count(ACCEPTED), text.count(SESSION_OPEN) - refused, refused)
         return counts
 
 

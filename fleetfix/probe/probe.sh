@@ -579,10 +579,11 @@ def dist_version(names):
 
 def literal(text):
     # The values torch's generated version.py assigns: a quoted string, None, True or False.
-    text = text.split("#", 1)[0].strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return {"None": None, "True": True, "False": False}.get(text)
+    text = text.strip()
+    if text[:1] in ("'", '"'):
+        end = text.find(text[0], 1)
+        return text[1:end] if end > 0 else None
+    return {"None": None, "True": True, "False": False}.get(text.split("#", 1)[0].strip())
 
 
 def read_torch_version(spec):

@@ -318,7 +318,7 @@ def test_extension_versions_from_dist_info_and_egg_info(fakeroot: Path, fakebin:
 
 
 @pytest.mark.parametrize(("text", "version", "cuda"), [
-    ('__version__ = "2.8.0+cu128"  # generated\ncuda = "12.8"\nhip = None\n', "2.8.0+cu128", "12.8"),
+    ('__version__ = "2.8.0+cu128"  # generated\ncuda = "12.8#x"\nhip = None\n', "2.8.0+cu128", "12.8#x"),
     ("__version__ = '2.8.0'\ncuda: Optional[str] = None\nif cuda == '1':\n    cuda = '9.9'\n", "2.8.0", None),
     ("def broken(:\n", None, None),
 ])
