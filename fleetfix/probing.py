@@ -74,7 +74,7 @@ def python_interpreters(target: Target) -> list[str]:
 
 
 class _NodeFactsCache:
-    """Node facts are gathered once per node, whichever of its containers asks first."""
+    """Node facts are gathered once per node, by whichever of its containers comes first."""
 
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
@@ -82,14 +82,29 @@ class _NodeFactsCache:
         self._locks: dict[str, threading.Lock] = {}
         self._facts: dict[str, NodeFacts | None] = {}
 
-    def get(self, target: Target) -> NodeFacts | None:
-        key = target.node.name
+    def _node_lock(self, target: Target) -> threading.Lock:
         with self._lock:
-            node_lock = self._locks.setdefault(key, threading.Lock())
-        with node_lock:
-            if key not in self._facts:
-                self._facts[key] = self._gather(target)
-            return self._facts[key]
+            return self._locks.setdefault(target.node.name, threading.Lock())
+
+    def start(self, target: Target) -> None:
+        """Gather the node's facts now if no container has (or is doing it): the first caller does, the
+        others go on to their own probes instead of queueing behind it (a round trip or more per node)."""
+        node_lock = self._node_lock(target)
+        if node_lock.acquire(blocking=False):
+            try:
+                self._fill(target)
+            finally:
+                node_lock.release()
+
+    def get(self, target: Target) -> NodeFacts | None:
+        """The node's facts, gathered now or waited for if another container is gathering them."""
+        with self._node_lock(target):
+            self._fill(target)
+            return self._facts[target.node.name]
+
+    def _fill(self, target: Target) -> None:  # with the node's lock held
+        if target.node.name not in self._facts:
+            self._facts[target.node.name] = self._gather(target)
 
     def _gather(self, target: Target) -> NodeFacts | None:
         result = run_script(self._fleet.node_transport(target), build_node_script(), timeout=30)
@@ -107,8 +122,9 @@ def probe_targets(
 
     def probe_one(target: Target, transport: Transport) -> TargetReport:
         started = time.monotonic()
-        node = node_cache.get(target)
+        node_cache.start(target)
         facts = gather_facts(target, transport, deep=deep)
+        node = node_cache.get(target)
         required = target.vars.get("required_extensions") or ()
         findings = diagnose(facts, node, required_extensions=[str(name) for name in required])
         report = TargetReport(target, "ok", facts, node, findings)

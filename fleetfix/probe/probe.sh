@@ -493,11 +493,11 @@ if sys.path and sys.path[0] in ("", os.getcwd()):
 
 
 def to_json(value):
-    # json.dumps for the str/bool/int/None/list/dict values built here, ASCII-only like json.dumps.
+    # json.dumps for the values built here (str, bool, number, None, list, dict), ASCII-only like it.
     if value is None or isinstance(value, bool):
         return {None: "null", True: "true", False: "false"}[value]
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, (int, float)):
+        return repr(value)
     if isinstance(value, str):
         out = []
         for char in value:

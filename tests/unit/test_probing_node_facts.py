@@ -1,0 +1,61 @@
+"""Node facts are gathered once per node without holding up that node's container probes."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from fleetfix.fleet import Fleet
+from fleetfix.probing import probe_targets
+from fleetfix.target import NodeRef, SSHSettings, Target
+from fleetfix.transport.base import CommandResult, OutputSink
+
+HEALTHY = (Path(__file__).resolve().parents[1] / "fixtures" / "probe" / "healthy.json").read_text()
+CTIDS = (200, 201, 202)
+
+
+class SlowNodeFacts:
+    """A node connection whose node-facts script answers only once the other containers have been probed
+    (or after 5 s): if container probes queued behind node facts, it would wait out the 5 s."""
+
+    label = "pve1"
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.node_facts_runs = 0
+        self.probed: list[int] = []
+        self.others_probed = threading.Event()
+        self.node_facts_waited_for_nothing = False
+
+    def connect(self, _settings: SSHSettings) -> SlowNodeFacts:
+        return self
+
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+                on_output: OutputSink | None = None) -> CommandResult:
+        if argv[0] != "pct":  # the node-facts script, on the node itself
+            with self.lock:
+                self.node_facts_runs += 1
+            self.node_facts_waited_for_nothing = self.others_probed.wait(timeout=5)
+            return CommandResult(0, "fleetfix-node-facts 1\nhostname\tpve1\n", "", 0.0)
+        with self.lock:
+            self.probed.append(int(argv[2]))
+            if len(self.probed) >= len(CTIDS) - 1:
+                self.others_probed.set()
+        return CommandResult(0, HEALTHY, "", 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_node_facts_once_per_node_while_its_containers_are_probed() -> None:
+    node = SlowNodeFacts()
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    targets = [Target(f"pve1/{ctid}", ref, ctid) for ctid in CTIDS]
+    with Fleet(connect=node.connect, channels_per_node=len(CTIDS)) as fleet:
+        reports = probe_targets(fleet, targets)
+    assert [report.status for report in reports] == ["ok"] * len(CTIDS)
+    assert node.node_facts_runs == 1
+    assert node.node_facts_waited_for_nothing, "container probes waited for the node facts"
+    assert sorted(node.probed) == list(CTIDS)
+    assert all(report.node is not None and report.node.hostname == "pve1" for report in reports)
