@@ -8,7 +8,10 @@ Starts a test-bed fleet (tests/lab: one sshd per node on 127.0.0.N, MaxSessions 
 node (benchmarks/latency_proxy.py: RTT/2 each way), then runs, one after the other over the same fleet:
 
 - fleetfix: `fleetfix.probing.probe_targets` (what `fleetfix probe` runs) in a child process, dialling the
-  proxy with the node's host key still checked (`SSHConnection(sock_factory=...)`);
+  proxy with the node's host key still checked (`SSHConnection(sock_factory=...)`), which also reports
+  its probe phase apart from start-up;
+- fleetfix-cli: the command itself, `fleetfix probe -i inventory.yaml --json`, the inventory naming the
+  proxy ports (host keys recorded for the proxy endpoints, as for the peers);
 - floor: the same probe script through OpenSSH, one ControlMaster per node and `xargs -P <channels>` per
   node running `pct exec CT -- /bin/sh -s < probe.sh`, plus the node-facts script once per node; host keys
   checked with HostKeyAlias against the lab's known_hosts;
@@ -51,6 +54,7 @@ PYINFRA_VENV = BENCH_DIR / ".venv-pyinfra"
 FIRST_CTID = 200
 DEFAULT_FORKS = 32  # fleetfix's --forks default; also used for Ansible's forks
 DEFAULT_CHANNELS = 8  # fleetfix's channels per node; the floor's xargs -P per node
+REPEATED = ("fleetfix", "floor", "fleetfix-cli")  # what --repeat runs more than once
 SCALING_STEPS = ((1, 10), (10, 10), (50, 20))  # (nodes, containers per node): 10, 100, 1000 targets
 # The lab's bed pins this too: OpenSSH 9's default sntrup761 kex costs ~100 ms of CPU per connection here,
 # and paramiko (so fleetfix and Ansible's pct_remote) cannot use it: every tool gets the same key exchange.
@@ -203,6 +207,33 @@ def run_fleetfix(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_
         with_node_facts=summary["with_node_facts"],
         errors=summary["errors"],
     )
+
+
+def run_fleetfix_cli(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS) -> ToolResult:
+    """The real command, end to end: `fleetfix probe -i inventory.yaml --json` (interpreter start-up, the
+    CLI's imports, inventory loading and the output included). The inventory names each node's proxy
+    port; the host keys are the lab's, recorded for the proxy endpoints, as for the peers."""
+    rundir = fleet.workdir / "fleetfix-cli"
+    rundir.mkdir(exist_ok=True)
+    write_proxy_known_hosts(fleet, nodes, rundir / "known_hosts")
+    inventory = {
+        "defaults": {"identity_file": str(fleet.lab.client_key), "known_hosts": str(rundir / "known_hosts")},
+        "nodes": [{"name": n.name, "address": n.address, "port": n.proxy_port or n.port,
+                   "containers": [{"ctid": ctid} for ctid in n.ctids]} for n in nodes],
+    }
+    (rundir / "inventory.yaml").write_text(json.dumps(inventory, indent=1))  # JSON is YAML
+    counter = fleet.counter()
+    counter.start()
+    argv = [sys.executable, "-m", "fleetfix", "probe", "-i", "inventory.yaml", "--json", f"--forks={forks}"]
+    run = measure(argv, env=_python_env(), cwd=rundir)
+    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    try:
+        reports = json.loads(run.stdout)["targets"]
+    except (ValueError, KeyError):
+        raise RuntimeError(f"fleetfix probe failed (exit {run.returncode}): {run.stderr[-2000:]}") from None
+    errors = sorted({r["error"] for r in reports if r.get("error")})[:5]
+    return ToolResult.from_measured("fleetfix-cli", len(reports), sum(r["status"] == "ok" for r in reports),
+                                    run, counts, errors=errors)
 
 
 # -- the floor: OpenSSH ControlMaster + xargs -P ---------------------------------------------------------
@@ -470,9 +501,11 @@ def pyinfra_available(venv: Path = PYINFRA_VENV) -> bool:
 def write_pyinfra_project(fleet: Bed, nodes: Sequence[NodeSpec], rundir: Path) -> None:
     (rundir / "home").mkdir(parents=True, exist_ok=True)
     write_proxy_known_hosts(fleet, nodes, rundir / "known_hosts")
+    # Retries: ~11 connections per node arrive at once, past sshd's MaxStartups (10:30:100), which then
+    # drops some unauthenticated ones, as a real node would; pyinfra's own knob for that is this.
     ssh = {"ssh_user": "root", "ssh_key": str(fleet.lab.client_key), "ssh_look_for_keys": False,
            "ssh_allow_agent": False, "ssh_known_hosts_file": str(rundir / "known_hosts"),
-           "ssh_strict_host_key_checking": "yes"}
+           "ssh_strict_host_key_checking": "yes", "ssh_connect_retries": 2}
     node_hosts = [(n.address, {**ssh, "ssh_port": n.proxy_port or n.port}) for n in nodes]
     container_hosts = [(f"@pctssh/{n.address}:{ctid}", {**ssh, "ssh_port": n.proxy_port or n.port})
                        for n in nodes for ctid in n.ctids]
@@ -496,11 +529,15 @@ def run_pyinfra(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_F
     run = measure(argv, env=env, cwd=rundir)
     counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
     containers = {f"@pctssh/{n.address}:{ctid}" for n in nodes for ctid in n.ctids}
-    done = dict(_PYINFRA_DONE.findall(run.stdout + run.stderr))
+    output = run.stdout + run.stderr
+    done = dict(_PYINFRA_DONE.findall(output))
     failed = sorted(host for host in containers if done.get(host) not in ("Success", "No changes"))
+    errors = []
+    for host in failed[:3]:
+        said = [line.strip() for line in output.splitlines() if f"[{host}]" in line]
+        errors.append(f"{host}: {' / '.join(said[-2:]) or 'no result'}")
     return ToolResult.from_measured("pyinfra", len(containers), len(containers) - len(failed), run, counts,
-                                    errors=[f"{host}: {done.get(host, 'no result')}" for host in failed[:3]],
-                                    stderr=run.stderr[-500:])
+                                    errors=errors, stderr=run.stderr[-500:])
 
 
 # -- reporting -------------------------------------------------------------------------------------------
@@ -526,8 +563,9 @@ def render(results: Sequence[ToolResult], *, nodes: int, cts: int, rtt_ms: float
             if other is fleetfix:
                 continue
             if other.tool == "floor":
-                lines.append(f"fleetfix / floor: wall {fleetfix.wall_s / other.wall_s:.2f}x, "
-                             f"CPU {fleetfix.cpu_s / max(other.cpu_s, 1e-9):.2f}x")
+                for ours in filter(None, (fleetfix, by_tool.get("fleetfix-cli"))):
+                    lines.append(f"{ours.tool} / floor: wall {ours.wall_s / other.wall_s:.2f}x, "
+                                 f"CPU {ours.cpu_s / max(other.cpu_s, 1e-9):.2f}x")
             else:
                 lines.append(f"{other.tool} / fleetfix: wall {other.wall_s / fleetfix.wall_s:.2f}x, "
                              f"CPU {other.cpu_s / max(fleetfix.cpu_s, 1e-9):.2f}x")
@@ -550,6 +588,8 @@ def run_tool(fleet: Bed, tool: str, *, forks: int, channels: int) -> ToolResult:
     load_before = os.getloadavg()[0]
     if tool == "fleetfix":
         result = run_fleetfix(fleet, fleet.nodes, forks=forks, channels=channels)
+    elif tool == "fleetfix-cli":
+        result = run_fleetfix_cli(fleet, fleet.nodes, forks=forks)
     elif tool == "floor":
         result = run_floor(fleet, fleet.nodes, channels=channels)
     elif tool.startswith("ansible-"):
@@ -566,12 +606,13 @@ def run_tool(fleet: Bed, tool: str, *, forks: int, channels: int) -> ToolResult:
 
 def compare(fleet: Bed, *, tools: Sequence[str], forks: int, channels: int, repeat: int = 1
             ) -> list[ToolResult]:
-    """Each tool once; with repeat > 1, fleetfix and the floor `repeat` times, interleaved (so a burst of
-    load elsewhere on the machine hits both), keeping each one's median-wall run. Ansible runs once."""
+    """Each tool once; with repeat > 1, fleetfix (library and CLI) and the floor `repeat` times, interleaved
+    (so a burst of load elsewhere on the machine hits each), keeping each one's median-wall run. The peers
+    run once."""
     runs: dict[str, list[ToolResult]] = {tool: [] for tool in tools}
     for round_index in range(repeat):
         for tool in tools:
-            if round_index > 0 and tool not in ("fleetfix", "floor"):
+            if round_index > 0 and tool not in REPEATED:
                 continue
             _say(f"running {tool} (round {round_index + 1}) ...")
             runs[tool].append(run_tool(fleet, tool, forks=forks, channels=channels))
@@ -648,7 +689,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render_scaling(rows, args.rtt_ms))
             payload: dict[str, Any] = {"mode": "targets-scaling", "rtt_ms": args.rtt_ms, "rows": rows}
         else:
-            tools = ["fleetfix", "floor"]
+            tools = ["fleetfix", "floor", "fleetfix-cli"]
             if not args.no_ansible:
                 if ansible_available():
                     tools += ["ansible-raw", "ansible-setup"]

@@ -53,7 +53,8 @@ def targeting_options(func: F) -> F:
                      help="Container on --host (repeatable). Without it, the node itself."),
         click.option("--connect-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True,
                      help="Seconds to wait for an SSH connection."),
-        click.option("--forks", type=click.IntRange(1, 1000), default=20, show_default=True,
+        # fleet.DEFAULT_FORKS, spelled out: importing fleetfix.fleet here would slow down `--help`.
+        click.option("--forks", type=click.IntRange(1, 1000), default=32, show_default=True,
                      help="Nodes worked on at once."),
         click.option("--refresh", is_flag=True, help="Bypass the Proxmox discovery cache."),
     ]

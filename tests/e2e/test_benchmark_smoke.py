@@ -38,10 +38,11 @@ def test_the_bed_is_loopback_only_and_every_node_has_its_own_proxy(bed: Bed) -> 
             assert sock.recv(4).startswith(b"SSH-")  # the proxy relays the node's sshd banner
 
 
-def test_fleetfix_and_the_floor_use_one_connection_per_node_and_one_channel_per_target(bed: Bed) -> None:
-    results = {r.tool: r for r in compare(bed, tools=["fleetfix", "floor"], forks=32, channels=8)}
+def test_fleetfix_its_cli_and_the_floor_use_one_connection_per_node_and_one_channel_per_ct(bed: Bed) -> None:
+    tools = ["fleetfix", "floor", "fleetfix-cli"]
+    results = {r.tool: r for r in compare(bed, tools=tools, forks=32, channels=8)}
     expected = {node.name: SshCounts(connections=1, channels=CTS + 1) for node in bed.nodes}
-    for tool in ("fleetfix", "floor"):
+    for tool in tools:
         result = results[tool]
         assert (result.ok, result.targets) == (NODES * CTS, NODES * CTS), result.detail
         assert result.per_node == expected, tool

@@ -51,3 +51,11 @@ def test_bad_var_is_exit_2_before_anything_runs(tmp_path: Path) -> None:
 def test_missing_playbook_is_one_line() -> None:
     code, _, err = invoke("apply", "playbooks/does-not-exist.yaml", "--host", "127.0.0.1")
     assert code == 2 and "does-not-exist.yaml" in err and "Traceback" not in err
+
+
+def test_forks_default_is_the_fleet_runners() -> None:
+    from fleetfix.fleet import DEFAULT_FORKS
+
+    for command in ("probe", "exec", "apply", "audit"):
+        [forks] = [p for p in main.commands[command].params if p.name == "forks"]
+        assert forks.default == DEFAULT_FORKS, command
