@@ -334,8 +334,13 @@ class SSHConnection:
         return CommandResult(-1, stdout, stderr, duration)
 
 
+# The channel whose stdin this thread is sending, for _QuietTransport._send_message.
+_stdin_sender = threading.local()
+
+
 class _QuietTransport(paramiko.Transport):
-    """paramiko's Transport, its thread waking once a second instead of ten times when the link is idle.
+    """paramiko's Transport, its thread waking once a second instead of ten times when the link is idle,
+    and never sending a channel's stdin after that channel's close (`_send_message`).
 
     Why: the thread polls its socket with a timeout only to notice a local close or a due keepalive, and at
     0.1 s that costs ~1.2 ms of CPU per connection per second (measured: 20 idle connections, 10 s, 235 ms).
@@ -345,6 +350,19 @@ class _QuietTransport(paramiko.Transport):
     """
 
     _active_check_timeout = 1.0
+
+    def _send_message(self, data: Any) -> None:
+        # A channel's stdin or EOF, lost in a race with its close, is dropped instead of sent: paramiko
+        # builds a DATA/EOF message under the channel's lock but sends it after releasing it, so the CLOSE
+        # this thread's transport answers a remote close with (the command exited) can go out first. sshd
+        # then frees the channel, and a DATA/EOF after it makes sshd drop the whole connection ("packet
+        # referred to nonexistent channel"): every other command on the node with it. Seen in CI with 200
+        # back-to-back commands. User messages are sent in order under clear_to_send_lock, held here, and
+        # paramiko sets `closed` before it sends the CLOSE, so this check cannot be overtaken.
+        channel = getattr(_stdin_sender, "channel", None)
+        if channel is not None and channel.closed:
+            return
+        super()._send_message(data)  # type: ignore[misc]  # private, not in types-paramiko
 
 
 def prefer_aead_ciphers(available: tuple[str, ...]) -> tuple[str, ...]:
@@ -374,12 +392,15 @@ def _send_stdin(channel: paramiko.Channel, data: bytes) -> threading.Thread | No
 
 
 def _send_all_then_eof(channel: paramiko.Channel, data: bytes) -> None:
+    _stdin_sender.channel = channel
     try:
         if data:
             channel.sendall(data)
         channel.shutdown_write()
     except (OSError, EOFError, SSHException):
         pass  # the command exited without reading everything: its result says what happened
+    finally:
+        _stdin_sender.channel = None
 
 
 def _collect(
