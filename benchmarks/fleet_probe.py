@@ -174,6 +174,16 @@ def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool
     return Bed(lab, specs, workdir, probe_script, node_script, proxy, rtt_ms)
 
 
+def measure_counted(fleet: Bed, nodes: Sequence[NodeSpec], argv: Sequence[str], **options: Any
+                    ) -> tuple[Measured, dict[str, SshCounts]]:
+    """measure(argv), and what the sshds of `nodes` logged meanwhile (connections, channels)."""
+    counter = fleet.counter()
+    counter.start()
+    run = measure(argv, **options)
+    names = {node.name for node in nodes}
+    return run, {name: counts for name, counts in counter.per_node().items() if name in names}
+
+
 def _python_env() -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -190,11 +200,8 @@ def run_fleetfix(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_
         "identity": str(fleet.lab.client_key), "known_hosts": str(fleet.lab.known_hosts),
         "forks": forks, "channels_per_node": channels, "nodes": [asdict(node) for node in nodes],
     }))
-    counter = fleet.counter()
-    counter.start()
-    run = measure([sys.executable, "-m", "benchmarks.fleetfix_run", str(spec_path)], env=_python_env(),
-                  cwd=REPO)
-    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    argv = [sys.executable, "-m", "benchmarks.fleetfix_run", str(spec_path)]
+    run, counts = measure_counted(fleet, nodes, argv, env=_python_env(), cwd=REPO)
     try:
         summary = json.loads(run.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
@@ -222,11 +229,8 @@ def run_fleetfix_cli(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFA
                    "containers": [{"ctid": ctid} for ctid in n.ctids]} for n in nodes],
     }
     (rundir / "inventory.yaml").write_text(json.dumps(inventory, indent=1))  # JSON is YAML
-    counter = fleet.counter()
-    counter.start()
     argv = [sys.executable, "-m", "fleetfix", "probe", "-i", "inventory.yaml", "--json", f"--forks={forks}"]
-    run = measure(argv, env=_python_env(), cwd=rundir)
-    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    run, counts = measure_counted(fleet, nodes, argv, env=_python_env(), cwd=rundir)
     try:
         reports = json.loads(run.stdout)["targets"]
     except (ValueError, KeyError):
@@ -317,10 +321,7 @@ def run_floor(fleet: Bed, nodes: Sequence[NodeSpec], *, channels: int = DEFAULT_
     shutil.rmtree(rundir, ignore_errors=True)
     rundir.mkdir()
     driver = write_floor_driver(fleet, nodes, channels, rundir)
-    counter = fleet.counter()
-    counter.start()
-    run = measure(["/bin/bash", str(driver)], cwd=rundir)
-    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    run, counts = measure_counted(fleet, nodes, ["/bin/bash", str(driver)], cwd=rundir)
     ok, errors = 0, set()
     for node in nodes:
         for ctid in node.ctids:
@@ -467,10 +468,8 @@ def run_ansible(fleet: Bed, nodes: Sequence[NodeSpec], variant: str, *, forks: i
         "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}", "NO_COLOR": "1",
         "ANSIBLE_FORCE_COLOR": "0",
     })
-    counter = fleet.counter()
-    counter.start()
-    run = measure([str(venv / "bin" / "ansible-playbook"), f"{variant}.yml"], env=env, cwd=rundir)
-    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    argv = [str(venv / "bin" / "ansible-playbook"), f"{variant}.yml"]
+    run, counts = measure_counted(fleet, nodes, argv, env=env, cwd=rundir)
     containers = {f"{n.name}-{ctid}" for n in nodes for ctid in n.ctids}
     ok = sum(
         1 for host, _, unreachable, failed in _RECAP.findall(run.stdout)
@@ -523,11 +522,8 @@ def run_pyinfra(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_F
     env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "PYINFRA_"))}
     env.update({"HOME": str(rundir / "home"), "PATH": f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}",
                 "NO_COLOR": "1"})
-    counter = fleet.counter()
-    counter.start()
     argv = [str(venv / "bin" / "pyinfra"), "inventory.py", "deploy.py", "-y", "--parallel", str(forks)]
-    run = measure(argv, env=env, cwd=rundir)
-    counts = {name: c for name, c in counter.per_node().items() if name in {n.name for n in nodes}}
+    run, counts = measure_counted(fleet, nodes, argv, env=env, cwd=rundir)
     containers = {f"@pctssh/{n.address}:{ctid}" for n in nodes for ctid in n.ctids}
     output = run.stdout + run.stderr
     done = dict(_PYINFRA_DONE.findall(output))

@@ -525,11 +525,17 @@ def find(name):
         return None
 
 
+LISTINGS = {}
+
+
 def listdir(path):
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
+    # Cached: each extension's version lookup walks the same sys.path directories.
+    if path not in LISTINGS:
+        try:
+            LISTINGS[path] = sorted(os.listdir(path))
+        except OSError:
+            LISTINGS[path] = []
+    return LISTINGS[path]
 
 
 def canonical(name):

@@ -537,17 +537,9 @@ class NodeState:
         ct.save_config(CtConfig(main, {}))
         return ct
 
-    def log_invocation(self, argv: list[str]) -> None:
-        line = json.dumps(argv) + "\n"
-        # One write() with O_APPEND: concurrent pct calls never interleave within a line.
-        fd = os.open(self.pct_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        try:
-            os.write(fd, line.encode())
-        finally:
-            os.close(fd)
-
     def pct_calls(self) -> list[list[str]]:
-        """Every pct invocation so far, as argv lists (without the program name)."""
+        """Every pct invocation so far, as argv lists (without the program name): the JSON lines
+        pct_exec.log_invocation appends."""
         if not self.pct_log.exists():
             return []
         return [json.loads(line) for line in self.pct_log.read_text().splitlines() if line]

@@ -338,7 +338,7 @@ COMMANDS = {
 def main(argv: list[str]) -> int:
     try:
         node = ctlib.NodeState.from_env()
-        node.log_invocation(argv)
+        pct_exec.log_invocation(str(node.dir), argv)
         if not argv or argv[0] not in COMMANDS:
             raise PctDie(f"unknown command 'pct {argv[0] if argv else ''}'".rstrip())
         return COMMANDS[argv[0]](node, argv[1:])

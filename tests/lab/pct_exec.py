@@ -99,7 +99,8 @@ def missing_config(node_dir: str, vmid: int) -> PctDie:
 
 
 def log_invocation(node_dir: str, argv: list[str]) -> None:
-    """Append argv to <node dir>/pct.log as one JSON line (container.NodeState.pct_calls reads it)."""
+    """Append argv to <node dir>/pct.log as one JSON line, for every pct command (pct.py calls this too;
+    container.NodeState.pct_calls reads them)."""
     line = json.dumps(argv) + "\n"
     # One write() with O_APPEND: concurrent pct calls never interleave within a line.
     fd = os.open(os.path.join(node_dir, "pct.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
