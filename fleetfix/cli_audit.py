@@ -40,7 +40,8 @@ def _emit(run: Any, *, as_json: bool, html: str | None = None, junit: str | None
         click.echo(report.text_report(run, verbose=verbose), nl=False)
 
 
-@click.group("audit", invoke_without_command=True)
+# The usage line says so explicitly: the subcommand is optional (click releases disagree on what to infer).
+@click.group("audit", invoke_without_command=True, subcommand_metavar="[COMMAND] [ARGS]...")
 @targeting_options
 @click.option("--policy", "policy_path", type=click.Path(dir_okay=False), default=None,
               help="Policy YAML (default: the built-in policy; see docs/audit.md).")

@@ -9,6 +9,7 @@ No paramiko or socket exception leaves this module: they become `fleetfix.errors
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import re
@@ -438,21 +439,52 @@ def _collect(
 def load_private_key(path: str) -> paramiko.PKey:
     """An ed25519/ecdsa/rsa private key; its passphrase, if any, from $FLEETFIX_SSH_PASSPHRASE."""
     passphrase = os.environ.get(PASSPHRASE_ENV) or None
+    full_path = os.path.expanduser(path)
     try:
         # bytes: paramiko 5 hands it to `cryptography`, which rejects str with a TypeError.
         password: Any = passphrase.encode() if passphrase else None  # the stubs say str; bytes works
-        return paramiko.PKey.from_path(os.path.expanduser(path), password=password)
+        # Positional: paramiko 5 renamed the keyword (`passphrase` up to 4.x, `password` since).
+        return paramiko.PKey.from_path(full_path, password)
     except FileNotFoundError:
         raise AuthenticationError(f"identity file {path} does not exist") from None
     except PermissionError:
         raise AuthenticationError(f"identity file {path} is not readable") from None
-    except (PasswordRequiredException, TypeError):  # cryptography: "Password was not given but ..."
-        raise AuthenticationError(
-            f"identity file {path} is encrypted: set {PASSPHRASE_ENV} or load the key into ssh-agent"
-        ) from None
-    except (SSHException, ValueError, UnknownKeyType) as error:
+    except (PasswordRequiredException, TypeError, SSHException, ValueError, UnknownKeyType) as error:
+        # The file itself says whether it is encrypted: paramiko and cryptography releases each word (and
+        # type) "no passphrase given" differently (PasswordRequiredException, TypeError, ValueError).
+        if passphrase is None and key_file_is_encrypted(full_path):
+            raise AuthenticationError(
+                f"identity file {path} is encrypted: set {PASSPHRASE_ENV} or load the key into ssh-agent"
+            ) from None
+        if isinstance(error, TypeError):  # not a key problem: a bug, shown as one
+            raise
         reason = "wrong passphrase or unreadable key" if passphrase else _one_line(error)
         raise AuthenticationError(f"cannot load identity file {path}: {reason}") from None
+
+
+def key_file_is_encrypted(path: str) -> bool:
+    """Whether a private key file is passphrase-protected: PEM's `Proc-Type: 4,ENCRYPTED`, PKCS#8's
+    `ENCRYPTED PRIVATE KEY`, or an OpenSSH key whose cipher is not "none" (PROTOCOL.key in OpenSSH)."""
+    try:
+        with open(path, "rb") as handle:
+            text = handle.read(64 * 1024).decode("ascii", "replace")
+    except OSError:
+        return False
+    if "Proc-Type: 4,ENCRYPTED" in text or "BEGIN ENCRYPTED PRIVATE KEY" in text:
+        return True
+    body = re.search(r"-----BEGIN OPENSSH PRIVATE KEY-----(.*?)-----END", text, re.S)
+    if body is None:
+        return False
+    try:
+        blob = base64.b64decode("".join(body.group(1).split()))
+    except ValueError:
+        return False
+    magic = b"openssh-key-v1\0"
+    if not blob.startswith(magic) or len(blob) < len(magic) + 4:
+        return False
+    length = int.from_bytes(blob[len(magic):len(magic) + 4], "big")
+    cipher = blob[len(magic) + 4:len(magic) + 4 + length]
+    return cipher != b"none"
 
 
 def _open_agent() -> paramiko.Agent | None:

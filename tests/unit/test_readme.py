@@ -91,8 +91,17 @@ def test_readme_test_command_is_the_one_ci_runs() -> None:
     assert "bash .ci/run" in readme
 
 
-def test_readme_setup_installs_and_runs_the_main_job() -> None:
-    assert "pip install -e . && fleetfix probe --local" in README.read_text()
+def test_readme_setup_installs_from_the_lock_and_runs_the_main_job() -> None:
+    assert "scripts/install.sh && .venv/bin/fleetfix probe --local" in README.read_text()
+
+
+def test_ci_installs_from_the_lock_into_a_fresh_venv_and_tests_there() -> None:
+    lines = [line.split("#")[0].strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
+    install = next(i for i, line in enumerate(lines) if line.startswith("scripts/install.sh"))
+    assert {"--dev", "--fresh"} <= set(shlex.split(lines[install])), lines[install]
+    activate = lines.index(". .ci/venv/bin/activate")
+    assert install < activate < lines.index(ci_test_command()), "the tests must run in the fresh venv"
+    assert not any("pip install" in line for line in lines), "every install goes through the lock"
 
 
 @pytest.mark.parametrize("doc", CHECKED_DOCS)

@@ -12,7 +12,13 @@ import pytest
 
 from fleetfix.errors import AuthenticationError, ConfigError, ConnectError
 from fleetfix.target import SSHSettings
-from fleetfix.transport.ssh import PASSPHRASE_ENV, SSHConnection, load_private_key, parse_jump_host
+from fleetfix.transport.ssh import (
+    PASSPHRASE_ENV,
+    SSHConnection,
+    key_file_is_encrypted,
+    load_private_key,
+    parse_jump_host,
+)
 
 
 @pytest.mark.parametrize(
@@ -37,6 +43,17 @@ def test_bad_jump_host_spec_is_a_config_error(spec: str) -> None:
 def keygen(path: Path, passphrase: str, kind: str = "ed25519") -> Path:
     subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", passphrase, "-f", str(path)], check=True)
     return path
+
+
+@pytest.mark.parametrize("key_format", ["RFC4716", "PEM", "PKCS8"])  # RFC4716: OpenSSH's own format
+@pytest.mark.parametrize("passphrase", ["", "s3cret-pass"])
+def test_an_encrypted_key_file_is_told_from_the_file_itself(
+    tmp_path: Path, key_format: str, passphrase: str
+) -> None:
+    path = tmp_path / "key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-m", key_format, "-N", passphrase, "-f", str(path)],
+                   check=True)
+    assert key_file_is_encrypted(str(path)) is bool(passphrase)
 
 
 @pytest.mark.parametrize("kind", ["ed25519", "ecdsa", "rsa"])
