@@ -7,7 +7,7 @@ Starts a test-bed fleet (tests/lab: one sshd per node on 127.0.0.N, MaxSessions 
 10, M overlay containers per node behind the `pct` stand-in), one latency proxy process in front of every
 node (benchmarks/latency_proxy.py: RTT/2 each way), then runs, one after the other over the same fleet:
 
-- fleetfix: `fleetfix.probing.probe_targets` (what `fleetfix probe` runs) in a child process, dialling the
+- fleetfix: `fleetfix.probe.run.probe_targets` (what `fleetfix probe` runs) in a child process, dialling the
   proxy with the node's host key still checked (`SSHConnection(sock_factory=...)`), which also reports
   its probe phase apart from start-up;
 - fleetfix-cli: the command itself, `fleetfix probe -i inventory.yaml --json`, the inventory naming the

@@ -5,7 +5,7 @@
 SPEC: {"identity": path, "known_hosts": path, "forks": int, "channels_per_node": int,
        "nodes": [{"name", "address", "port", "proxy_port" (or null: direct), "ctids": [int, ...]}]}
 
-Probes every container with `fleetfix.probing.probe_targets` (the library behind `fleetfix probe`: one SSH
+Probes every container with `fleetfix.probe.run.probe_targets` (the library behind `fleetfix probe`: one SSH
 connection per node, one exec channel per container, node facts once per node) through the latency proxy:
 the connector dials the proxy port but the host key is still checked for the node's own address:port.
 Prints one JSON line: statuses, the first errors, and this process's CPU (probe phase and whole process,
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
 
     # Imported here, as the CLI does on `probe`: what this costs is part of what is measured.
     from fleetfix.fleet import Fleet, NodeConnection
-    from fleetfix.probing import probe_targets
+    from fleetfix.probe.run import probe_targets
     from fleetfix.target import NodeRef, SSHSettings, Target
     from fleetfix.transport.ssh import SSHConnection
 

@@ -27,13 +27,13 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from fleetfix.errors import ContainerError, FleetfixError
+from fleetfix.errors import FleetfixError, GuestError, Interrupted, UnexpectedError
+from fleetfix.guests import Guest, open_guest
 from fleetfix.target import SSHSettings, Target
 from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.local import LocalTransport
-from fleetfix.transport.pct import PctTransport
 
 R = TypeVar("R")
 Status = Literal["ok", "failed", "unreachable"]
@@ -81,16 +81,6 @@ class _NodeSlot:
     error: FleetfixError | None = None  # the first connect failure, reported for every target of the node
 
 
-class UnexpectedError(FleetfixError):
-    """A bug surfaced while working on one target; kept per target so the run goes on."""
-
-
-class Interrupted(FleetfixError):
-    """The target was never started: the run was interrupted (Ctrl-C) first."""
-
-    exit_code: ClassVar[int] = 130
-
-
 # Every Fleet not yet closed, so a signal handler can reach the ones doing work (weak: a Fleet that is
 # dropped without close() must not be kept alive by this).
 _live_fleets: weakref.WeakSet[Fleet] = weakref.WeakSet()
@@ -136,11 +126,12 @@ class Fleet:
     # -- transports -----------------------------------------------------------------------------------
 
     def transport(self, target: Target) -> Transport:
-        """The target's transport: pct over the node's connection for a container, else the node's own."""
-        node = self.node_transport(target)
-        if target.ctid is None:
-            return node
-        return PctTransport(node, target.ctid, node_name=target.node.name, label=target.name)
+        """The target's transport: commands inside its guest, over its node's connection."""
+        return self.guest(target).transport()
+
+    def guest(self, target: Target) -> Guest:
+        """The target's guest driver (exec, status, snapshots), over its node's connection."""
+        return open_guest(target, self.node_transport(target))
 
     def node_transport(self, target: Target) -> Transport:
         """The transport of the target's node (one command per node, e.g. node facts). Connects on first
@@ -270,8 +261,6 @@ class _NodeTransport:
         self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        if on_output is None:  # the plain call: test connectors written before streaming keep working
-            return self.connection.execute(argv, stdin=stdin, timeout=timeout)
         return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
 
 
@@ -279,7 +268,7 @@ def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Trans
           ) -> Outcome[R]:
     try:
         value = fn(target, transport)
-    except ContainerError as error:  # the CT is stopped or missing: nothing ran, like a node that is down
+    except GuestError as error:  # the guest is stopped, missing or agent-less: nothing ran, like a node down
         return Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
     except FleetfixError as error:
         return Outcome(target, "failed", error=error, duration=time.monotonic() - started)

@@ -1,4 +1,4 @@
-"""What fleetfix acts on: a node (the Proxmox host itself) or a container on a node.
+"""What fleetfix acts on: a node (the Proxmox host itself), or a guest on a node (an LXC container, a VM).
 
 Inventory files, `--host/--ct` flags and Proxmox discovery all resolve to these plain values once, at
 load time; nothing downstream reads YAML or layers vars again.
@@ -38,15 +38,42 @@ class NodeRef:
 
 
 @dataclass(frozen=True)
+class GuestRef:
+    """Which guest of its node a target is: the node itself, or a guest kind with its Proxmox id.
+
+    The kind names a driver in `fleetfix.guests` (exec, status, snapshots for that kind); nothing else
+    branches on it.
+    """
+
+    kind: str = "node"  # a key of fleetfix.guests.GUEST_KINDS: "node", "lxc", "vm"
+    id: int | None = None  # the CT id / VMID; None for the node
+
+    @classmethod
+    def lxc(cls, ctid: int) -> GuestRef:
+        return cls("lxc", ctid)
+
+    @classmethod
+    def vm(cls, vmid: int) -> GuestRef:
+        return cls("vm", vmid)
+
+    @property
+    def is_node(self) -> bool:
+        return self.kind == "node"
+
+    def to_json(self) -> dict[str, Any]:
+        """The guest in JSON outputs: `guest` and `vmid`, and `ctid` as before for containers."""
+        return {"guest": self.kind, "vmid": self.id, "ctid": self.id if self.kind == "lxc" else None}
+
+
+NODE = GuestRef()
+
+
+@dataclass(frozen=True)
 class Target:
-    name: str  # unique in a run: "pve1" for a node, "pve1/200" or the CT's name for a container
+    name: str  # unique in a run: "pve1" for a node, "pve1/200" or the guest's name for a CT/VM
     node: NodeRef
-    ctid: int | None = None  # None: the node itself
+    guest: GuestRef = NODE
     vars: Mapping[str, Any] = field(default_factory=dict)
     tags: frozenset[str] = frozenset()
     groups: frozenset[str] = frozenset()
     source: str = "inventory"  # where it came from: a file path, "cli", "local", "proxmox:<cluster>"
-
-    @property
-    def is_container(self) -> bool:
-        return self.ctid is not None

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from fleetfix.audit.drift import Drift, compute_drift
 from fleetfix.audit.model import RunInfo, StoredRun, TargetResult
@@ -31,11 +31,10 @@ from fleetfix.audit.policy import (
 )
 from fleetfix.audit.remediate import ApplyPlaybook, Remediation, apply_to_failing
 from fleetfix.audit.store import AuditStore, default_db_path
+from fleetfix.errors import ExitCode
 from fleetfix.fleet import Fleet
-from fleetfix.probing import TargetReport, probe_targets
+from fleetfix.probe.run import TargetReport, probe_targets
 from fleetfix.target import Target
-
-EXIT_HEALTHY, EXIT_FINDINGS, EXIT_UNREACHABLE = 0, 3, 4
 
 __all__ = [
     "DEFAULT_POLICY",
@@ -61,6 +60,7 @@ class AuditRun:
 
     run: StoredRun
     drift: Drift
+    report_kind: ClassVar[str] = "audit"
 
     @property
     def info(self) -> RunInfo:
@@ -76,12 +76,37 @@ class AuditRun:
         return None if data is None else Remediation.from_json(data)
 
     @property
-    def exit_code(self) -> int:
+    def exit_code(self) -> ExitCode:
         if any(not result.reachable for result in self.targets):
-            return EXIT_UNREACHABLE
+            return ExitCode.UNREACHABLE
         if any(result.health == "error" for result in self.targets):
-            return EXIT_FINDINGS
-        return EXIT_HEALTHY
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+
+@dataclass
+class RemediatedAudit:
+    """An audit and the re-probe after its remediation (`audit --remediate`). Files and monitoring show
+    the state afterwards (`final`); the terminal and JSON show both."""
+
+    report_kind: ClassVar[str] = "audit"
+    audit: AuditRun
+    final: AuditRun
+
+    @property
+    def exit_code(self) -> ExitCode:
+        return self.final.exit_code
+
+
+@dataclass
+class AuditHistory:
+    """Recorded audit runs, newest first (`fleetfix audit history`)."""
+
+    report_kind: ClassVar[str] = "audit-history"
+    runs: list[RunInfo]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [run.to_json() for run in self.runs]
 
 
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None) -> AuditRun:

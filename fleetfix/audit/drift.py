@@ -10,7 +10,7 @@ probed in one of them shows up as became-unreachable / recovered instead, not as
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from fleetfix.audit.model import StoredRun, TargetResult
 from fleetfix.probe import Finding
@@ -43,6 +43,7 @@ class FindingChange:
 
 @dataclass(frozen=True)
 class Drift:
+    report_kind: ClassVar[str] = "audit-diff"
     baseline: int | None  # the run compared against; None: nothing to compare with (first run)
     current: int
     new_findings: list[FindingChange] = field(default_factory=list)

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from fleetfix.audit.model import ALL_CODES, STALE_AUDIT, TargetResult
 from fleetfix.errors import ConfigError
 from fleetfix.probe import Finding, Fix, Severity
-from fleetfix.probing import TargetReport
+from fleetfix.probe.run import TargetReport
 from fleetfix.target import Target
 from fleetfix.yamlsource import load_yaml, validate
 
@@ -163,14 +163,14 @@ def apply_levels(findings: list[Finding] | tuple[Finding, ...], levels: dict[str
 
 
 def evaluate(policy: Policy, report: TargetReport) -> TargetResult:
-    """A probing.TargetReport judged by the policy: the TargetResult that is recorded and reported."""
+    """A probe.run.TargetReport judged by the policy: the TargetResult that is recorded and reported."""
     target = report.target
     findings, ignored = apply_levels(
         report.findings, policy.levels_for(target.groups, target.tags, target.name)
     )
     return TargetResult(
-        target=target.name, node=target.node.name, ctid=target.ctid, status=report.status,
-        error=report.error, findings=findings,
+        target=target.name, node=target.node.name, ctid=target.guest.to_json()["ctid"],
+        status=report.status, error=None if report.error is None else str(report.error), findings=findings,
         facts=report.facts.model_dump(mode="json") if report.facts else None,
         duration=report.duration, ignored=ignored,
     )

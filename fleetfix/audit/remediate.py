@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from fleetfix.audit.model import TargetResult
-from fleetfix.playbook.records import mask_vars
+from fleetfix.secrets import mask_vars
 from fleetfix.target import Target
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from fleetfix.audit.model import RunInfo, StoredRun, TargetResult
 from fleetfix.errors import ConfigError
-from fleetfix.playbook.records import default_state_dir
+from fleetfix.paths import default_state_dir
 from fleetfix.probe import Finding
 
 DB_ENV = "FLEETFIX_AUDIT_DB"

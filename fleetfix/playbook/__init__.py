@@ -4,7 +4,7 @@ See docs/playbooks.md for the file format and the rules.
 """
 
 from fleetfix.playbook.model import Playbook, Step, load_playbook, parse_playbook
-from fleetfix.playbook.records import RunRecorder, default_state_dir, list_runs, load_run
+from fleetfix.playbook.records import RunRecorder, list_runs, load_run
 from fleetfix.playbook.runner import (
     PlaybookRun,
     StepResult,
@@ -23,7 +23,6 @@ __all__ = [
     "StepResult",
     "TargetPlan",
     "TargetRun",
-    "default_state_dir",
     "list_runs",
     "load_playbook",
     "load_run",

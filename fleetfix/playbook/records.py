@@ -24,58 +24,18 @@ import json
 import os
 import re
 import secrets as _secrets
-import shlex
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from fleetfix.errors import ConfigError
+from fleetfix.secrets import Redactor
 
 EVENTS_FILE = "events.jsonl"
-MASK = "********"
-SECRET_NAME = re.compile(r"password|passwd|secret|token", re.IGNORECASE)
-_MIN_SECRET_LEN = 4  # masking shorter values would mangle unrelated output
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
-
-
-def default_state_dir(environ: Mapping[str, str] | None = None) -> Path:
-    env = os.environ if environ is None else environ
-    if env.get("FLEETFIX_STATE_DIR"):
-        return Path(env["FLEETFIX_STATE_DIR"])
-    if env.get("XDG_STATE_HOME"):
-        return Path(env["XDG_STATE_HOME"]) / "fleetfix"
-    return Path(env.get("HOME") or Path.home()) / ".local" / "state" / "fleetfix"
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(SECRET_NAME.search(name))
-
-
-def mask_vars(values: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of values with every secret-named entry (at any depth) masked."""
-    masked: dict[str, Any] = {}
-    for name, value in values.items():
-        if is_secret_name(str(name)):
-            masked[str(name)] = MASK
-        elif isinstance(value, Mapping):
-            masked[str(name)] = mask_vars(value)
-        else:
-            masked[str(name)] = value
-    return masked
-
-
-def secret_values(values: Mapping[str, Any]) -> list[str]:
-    """The values of secret-named vars (at any depth), as text, for redaction."""
-    found: list[str] = []
-    for name, value in values.items():
-        if is_secret_name(str(name)) and value is not None and not isinstance(value, Mapping):
-            found.append(str(value))
-        elif isinstance(value, Mapping):
-            found.extend(secret_values(value))
-    return found
 
 
 class Recorder(Protocol):
@@ -102,38 +62,6 @@ class NullRecorder:
 def new_run_id() -> str:
     # Sortable by time; the random tail keeps two runs started in the same second apart.
     return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + _secrets.token_hex(3)
-
-
-class Redactor:
-    """Masks secret values (and their shell-quoted form) in text and nested data. Thread-safe: the
-    secrets of each target's vars are added as targets are planned, while others already run."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._secrets: tuple[str, ...] = ()
-
-    def add(self, values: Iterable[str]) -> None:
-        with self._lock:
-            found = set(self._secrets)
-            for value in values:
-                if len(value) >= _MIN_SECRET_LEN:
-                    found.add(value)
-                    found.add(shlex.quote(value))  # the form it takes in a rendered script
-            self._secrets = tuple(sorted(found, key=len, reverse=True))  # longest first: no partial masks
-
-    def text(self, value: str) -> str:
-        for secret in self._secrets:
-            value = value.replace(secret, MASK)
-        return value
-
-    def __call__(self, value: Any) -> Any:
-        if isinstance(value, str):
-            return self.text(value)
-        if isinstance(value, Mapping):
-            return {key: self(item) for key, item in value.items()}
-        if isinstance(value, list | tuple):
-            return [self(item) for item in value]
-        return value
 
 
 class RunRecorder:
@@ -236,6 +164,22 @@ class RunDetail:
     summary: RunSummary
     targets: dict[str, TargetRecord]
     events: list[dict[str, Any]]
+    report_kind: ClassVar[str] = "run"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"summary": vars(self.summary),
+                "targets": {name: asdict(record) for name, record in self.targets.items()}}
+
+
+@dataclass
+class RunList:
+    """The recorded runs, as `fleetfix runs list` shows them."""
+
+    report_kind: ClassVar[str] = "runs"
+    runs: list[RunSummary]
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [vars(run) for run in self.runs]
 
 
 def _runs_dir(state_dir: str | Path) -> Path:

@@ -12,8 +12,8 @@ Fleet level, in two phases so that a template error stops the run before anythin
 2. run: per target, the planned steps — in `serial` batches, stopping early past `max_fail_pct`.
 Concurrency, connections and per-target error capture belong to the injected `fleet_map`.
 
-Snapshots (fleetfix.snapshots): with a SnapshotPolicy and an injected `node_for`, each target gets a
-SnapshotGuard, asked right before a step's apply (after its check said "change needed") and so only
+Snapshots (fleetfix.playbook.snapshots): with a SnapshotPolicy and an injected `guest_for`, each target gets
+a SnapshotGuard, asked right before a step's apply (after its check said "change needed") and so only
 before the first real change; a failed target is rolled back after its last step.
 """
 
@@ -23,13 +23,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
-from fleetfix.errors import CommandTimeoutError, FleetfixError, TemplateError, TransportError
+from fleetfix.errors import CommandTimeoutError, ExitCode, FleetfixError, TemplateError, TransportError
 from fleetfix.playbook.model import Playbook
-from fleetfix.playbook.records import NullRecorder, Recorder, Redactor, mask_vars, secret_values
+from fleetfix.playbook.records import NullRecorder, Recorder
 from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
-from fleetfix.snapshots import NodeFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
+from fleetfix.playbook.snapshots import GuestFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
+from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
 from fleetfix.transport.base import CommandResult, OutputSink, Stream, Transport, run_script
 
@@ -86,6 +87,7 @@ class TargetRun:
     duration: float
     reason: str = ""
     snapshot: SnapshotOutcome | None = None  # set when a snapshot was taken, refused or rolled back
+    error: FleetfixError | None = None  # why it was unreachable/failed outside a step (reason says it too)
 
     def counts(self) -> dict[str, int]:
         counted = Counter("ignored" if step.ignored else step.status for step in self.steps)
@@ -108,6 +110,7 @@ class PlaybookRun:
     run_id: str | None = None
     aborted: str | None = None  # why the run stopped before every target ran
     error: FleetfixError | None = None  # the first template error, when that is why
+    report_kind: ClassVar[str] = "apply"
 
     @property
     def status(self) -> str:
@@ -120,17 +123,17 @@ class PlaybookRun:
         return "skipped"
 
     @property
-    def exit_code(self) -> int:
-        """0 when every target is fine; the template error's code (2) when the run was refused;
-        1 if any target failed; 4 if targets were only unreachable."""
+    def exit_code(self) -> ExitCode:
+        """OK when every target is fine; the template error's code (USAGE) when the run was refused;
+        FAILED if any target failed; UNREACHABLE if targets were only unreachable."""
         if self.error is not None:
             return self.error.exit_code
         statuses = {run.status for run in self.targets}
         if "failed" in statuses:
-            return 1
+            return ExitCode.FAILED
         if "unreachable" in statuses:
-            return TransportError.exit_code
-        return 0
+            return ExitCode.UNREACHABLE
+        return ExitCode.OK
 
     def recap(self) -> list[tuple[str, str, dict[str, int]]]:
         """(target, status, step counts) per target, like Ansible's PLAY RECAP."""
@@ -144,6 +147,9 @@ class PlaybookRun:
             note = run.snapshot.note() if run.snapshot is not None else ""
             lines.append(f"{run.target:<{width}}  {run.status:<12} {numbers}" + (f"  {note}" if note else ""))
         return lines
+
+    def to_json(self) -> dict[str, Any]:
+        return self.to_dict()
 
     def to_dict(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "playbook": self.playbook, "check": self.check,
@@ -177,7 +183,7 @@ class TargetPlan:
 
 
 def target_info(target: Target) -> dict[str, Any]:
-    return {"name": target.name, "ctid": target.ctid, "node": target.node.name}
+    return {"name": target.name, "node": target.node.name, **target.guest.to_json()}
 
 
 def plan_target(
@@ -401,9 +407,12 @@ def run_target(
         _record_step(recorder, plan.target, lost.result, on_step)
         results.append(lost.result)
         status, reason = "unreachable", f"step {lost.result.name!r}: {lost.error}"
+        error: FleetfixError | None = lost.error
+    else:
+        error = None
     status = status or _target_status(results)
     snapshot = _after_snapshot(guard, status) if guard is not None else None
-    run = TargetRun(plan.target.name, status, results, time.monotonic() - started, reason, snapshot)
+    run = TargetRun(plan.target.name, status, results, time.monotonic() - started, reason, snapshot, error)
     _record_target_end(recorder, run)
     return run
 
@@ -492,7 +501,7 @@ def _lost_target(outcome: OutcomeLike[Any], what: str) -> TargetRun:
     unreachable = outcome.status == "unreachable" or isinstance(error, TransportError)
     reason = f"{what}: {error}" if error is not None else f"{what}: {outcome.status}"
     return TargetRun(outcome.target.name, "unreachable" if unreachable else "failed", [],
-                     outcome.duration, reason)
+                     outcome.duration, reason, error=error)
 
 
 def run_playbook(
@@ -509,7 +518,7 @@ def run_playbook(
     on_step: Callable[[Target, StepResult], None] | None = None,
     on_output: StepOutputHandler | None = None,
     snapshots: SnapshotPolicy | None = None,
-    node_for: NodeFor | None = None,
+    guest_for: GuestFor | None = None,
     redactor: Redactor | None = None,
 ) -> PlaybookRun:
     """Plan every target, then run them (in batches of `serial`); stop starting new batches once more
@@ -517,8 +526,8 @@ def run_playbook(
     script's output live (not fact gathering's).
 
     snapshots: snapshot each target before its first change (also when any playbook of the chain says
-    `snapshot: true`), never in check mode; `node_for(target)` gives the transport of the target's node,
-    where `pct snapshot/rollback` run (Fleet.node_transport)."""
+    `snapshot: true`), never in check mode; `guest_for(target)` gives the target's guest driver, which
+    snapshots and rolls back on its node (Fleet.guest)."""
     recorder = recorder or NullRecorder()
     started = time.monotonic()
     chain = [compile_playbook(book) for book in playbook.chain()]
@@ -527,8 +536,8 @@ def run_playbook(
         policy = replace(policy, take=True)
     if check or not policy.active:
         policy = SnapshotPolicy()  # check mode changes nothing, so there is nothing to snapshot
-    if policy.active and node_for is None:
-        raise ValueError("snapshots need node_for (the transport of each target's node)")
+    if policy.active and guest_for is None:
+        raise ValueError("snapshots need guest_for (each target's guest driver)")
     # Secret-named vars are masked in everything that leaves this function: the record, on_step, and the
     # returned run. Unmasked values stay inside, where later steps' templates may need them.
     redact = redactor or Redactor()
@@ -589,7 +598,7 @@ def run_playbook(
             [target for target in targets if target.name in plans], len(targets), plans, finished,
             fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
             max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output,
-            guard_for=_guard_factory(policy, node_for, recorder, playbook.name))
+            guard_for=_guard_factory(policy, guest_for, recorder, playbook.name))
 
     run = PlaybookRun(
         playbook=playbook.name, check=check,
@@ -617,13 +626,13 @@ def _redacted_target(run: TargetRun, redact: Redactor) -> TargetRun:
 GuardFor = Callable[[Target], SnapshotGuard | None]
 
 
-def _guard_factory(policy: SnapshotPolicy, node_for: NodeFor | None, recorder: Recorder,
+def _guard_factory(policy: SnapshotPolicy, guest_for: GuestFor | None, recorder: Recorder,
                    playbook: str) -> GuardFor:
     def guard_for(target: Target) -> SnapshotGuard | None:
-        if not policy.active or node_for is None:
+        if not policy.active or guest_for is None:
             return None
         description = f"fleetfix apply {playbook}" + (f" (run {recorder.run_id})" if recorder.run_id else "")
-        return SnapshotGuard(target, policy, node_for, event=recorder.event, description=description)
+        return SnapshotGuard(target, policy, guest_for, event=recorder.event, description=description)
 
     return guard_for
 

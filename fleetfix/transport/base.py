@@ -63,8 +63,6 @@ def run_script(
     transport: Transport, script: str, *, timeout: float | None = None, on_output: OutputSink | None = None
 ) -> CommandResult:
     """Run a POSIX sh script on the target, sent on stdin (its output also streamed to on_output)."""
-    if on_output is None:  # the plain call, so transports written before streaming keep working
-        return transport.execute(SHELL_STDIN, stdin=script.encode(), timeout=timeout)
     return transport.execute(SHELL_STDIN, stdin=script.encode(), timeout=timeout, on_output=on_output)
 
 

@@ -27,7 +27,10 @@ from fleetfix.errors import (
     ConfigError,
     ConnectError,
     ConnectionLostError,
+    ConnectRefusedError,
+    ConnectTimeoutError,
     FleetfixError,
+    NameResolutionError,
     TransportError,
 )
 from fleetfix.target import SSHSettings
@@ -151,11 +154,13 @@ class SSHConnection:
                 return self.sock_factory(s)
             return socket.create_connection((s.address, s.port), timeout=s.connect_timeout)
         except socket.gaierror as error:
-            raise ConnectError(f"{self.endpoint}: cannot resolve host: {error.strerror}") from None
+            raise NameResolutionError(f"{self.endpoint}: cannot resolve host: {error.strerror}") from None
         except TimeoutError:
-            raise ConnectError(f"{self.endpoint}: connect timed out after {s.connect_timeout:g}s") from None
+            raise ConnectTimeoutError(
+                f"{self.endpoint}: connect timed out after {s.connect_timeout:g}s"
+            ) from None
         except ConnectionRefusedError:
-            raise ConnectError(f"{self.endpoint}: connection refused") from None
+            raise ConnectRefusedError(f"{self.endpoint}: connection refused") from None
         except OSError as error:
             raise ConnectError(f"{self.endpoint}: {error.strerror or _one_line(error)}") from None
 
@@ -198,7 +203,9 @@ class SSHConnection:
             options.ciphers = prefer_aead_ciphers(tuple(options.ciphers))
             transport.start_client(timeout=s.connect_timeout)
             if not transport.is_active() or not transport.initial_kex_done:
-                raise ConnectError(f"{self.endpoint}: SSH handshake timed out after {s.connect_timeout:g}s")
+                raise ConnectTimeoutError(
+                    f"{self.endpoint}: SSH handshake timed out after {s.connect_timeout:g}s"
+                )
             server_key = transport.get_remote_server_key()
         except (SSHException, EOFError, OSError) as error:
             transport.close()

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fleetfix.playbook.records import MASK
+from fleetfix.secrets import MASK
 from tests.e2e.conftest import REPO, host_args, run_cli, write_inventory
 from tests.lab.bed import Lab
 from tests.lab.container import Container

@@ -17,12 +17,12 @@ from typing import Any
 
 import pytest
 
-from fleetfix.discovery import Discoverer
 from fleetfix.errors import DiscoveryError
 from fleetfix.fleet import Fleet
-from fleetfix.inventory import Inventory, load_inventory
+from fleetfix.inventory.discovery.discoverer import Discoverer
+from fleetfix.inventory.load import Inventory, load_inventory
 from fleetfix.target import SSHSettings
-from fleetfix.transport.base import CommandResult
+from fleetfix.transport.base import CommandResult, OutputSink
 
 try:
     import fakepve  # noqa: F401  (its pytest plugin provides the fixtures below)
@@ -88,7 +88,7 @@ def test_token_auth_filters_and_a_stopped_container_skipped(
     by_name = {t.name: t for t in inventory.targets}
     assert set(by_name) == {"train-a", "pve2/400"}  # web has no gpu tag; the VM is not a container
     train = by_name["train-a"]
-    assert (train.ctid, train.node.name, train.source) == (200, "pve1", "proxmox:lab")
+    assert (train.guest.id, train.node.name, train.source) == (200, "pve1", "proxmox:lab")
     assert train.tags == frozenset({"gpu", "training"})
     assert train.node.ssh is not None and train.node.ssh.address == "127.0.0.11"
     assert [label for label, _ in inventory.skipped] == ["pve1/201"]
@@ -180,7 +180,8 @@ class RecordingConnection:
         self.seen = seen
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         self.seen.append(" ".join(argv) + "\n" + stdin.decode(errors="replace"))
         return CommandResult(0, "", "", 0.0)

@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetfix.guests.lxc import PctTransport
 from fleetfix.target import SSHSettings
 from fleetfix.transport.base import run_script
-from fleetfix.transport.pct import PctTransport
 from fleetfix.transport.ssh import SSHConnection
 from tests.e2e.conftest import host_args, run_cli
 from tests.lab.bed import Lab

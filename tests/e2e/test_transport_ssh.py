@@ -27,14 +27,14 @@ from fleetfix.errors import (
     ChangedHostKeyError,
     ConnectError,
     ConnectionLostError,
-    ContainerError,
+    GuestError,
     TransportError,
     UnknownHostKeyError,
 )
 from fleetfix.fleet import Fleet
-from fleetfix.target import NodeRef, SSHSettings, Target
+from fleetfix.guests.lxc import PctTransport
+from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.transport.base import run_script
-from fleetfix.transport.pct import PctTransport
 from fleetfix.transport.ssh import OPEN_RETRY_DELAYS, SSHConnection, SSHTransport
 from tests.lab.sshd import SshNode, free_port, keygen, start_node
 
@@ -320,9 +320,9 @@ def test_connection_dropped_mid_command_is_connection_lost(bed: Bed) -> None:
 def test_two_containers_share_one_tcp_connection(bed: Bed) -> None:
     logins, channels = bed.node.connections(), bed.node.session_channels()
     ref = NodeRef("pve1", bed.settings())
-    targets = [Target("pve1/200", ref, ctid=200), Target("pve1/201", ref, ctid=201)]
+    targets = [Target("pve1/200", ref, GuestRef.lxc(200)), Target("pve1/201", ref, GuestRef.lxc(201))]
     with Fleet() as fleet:
-        outcomes = fleet.map(targets, lambda t, tr: tr.execute(["sh", "-c", f"echo {t.ctid} $container"]))
+        outcomes = fleet.map(targets, lambda t, tr: tr.execute(["sh", "-c", f"echo {t.guest.id} $container"]))
         node_facts = fleet.node_transport(targets[0]).execute(["sh", "-c", "echo node ${container-none}"])
     assert [o.status for o in outcomes] == ["ok", "ok"]
     assert [o.value.stdout if o.value else None for o in outcomes] == ["200 lxc\n", "201 lxc\n"]
@@ -334,12 +334,12 @@ def test_two_containers_share_one_tcp_connection(bed: Bed) -> None:
 
 
 def test_stopped_and_missing_containers(bed: Bed, connection: SSHConnection) -> None:
-    with pytest.raises(ContainerError, match=r"^CT 999 on pve1 is stopped$"):
+    with pytest.raises(GuestError, match=r"^CT 999 on pve1 is stopped$"):
         PctTransport(connection, 999, node_name="pve1").execute(["true"])
-    with pytest.raises(ContainerError, match=r"^CT 404 does not exist on pve1$"):
+    with pytest.raises(GuestError, match=r"^CT 404 does not exist on pve1$"):
         PctTransport(connection, 404, node_name="pve1").execute(["true"])
     ref = NodeRef("pve1", bed.settings())
-    outcomes = Fleet().map([Target("pve1/999", ref, ctid=999)], lambda _t, tr: tr.execute(["true"]))
+    outcomes = Fleet().map([Target("pve1/999", ref, GuestRef.lxc(999))], lambda _t, tr: tr.execute(["true"]))
     assert (outcomes[0].status, str(outcomes[0].error)) == ("unreachable", "CT 999 on pve1 is stopped")
 
 
@@ -356,7 +356,7 @@ def test_hostile_script_and_timeout_through_pct(connection: SSHConnection) -> No
 
 def test_unreachable_node_is_connected_once_for_all_its_targets(bed: Bed) -> None:
     ref = NodeRef("gone", bed.settings(port=free_port()))
-    targets = [Target(f"gone/{i}", ref, ctid=i) for i in range(5)]
+    targets = [Target(f"gone/{i}", ref, GuestRef.lxc(i)) for i in range(5)]
     outcomes = Fleet().map(targets, lambda _t, tr: tr.execute(["true"]))
     assert {o.status for o in outcomes} == {"unreachable"}
     assert len({str(o.error) for o in outcomes}) == 1

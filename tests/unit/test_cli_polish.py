@@ -18,23 +18,29 @@ import pytest
 from click.testing import CliRunner
 from rich.table import Table
 
-from fleetfix import cli
 from fleetfix.audit import AuditStore
-from fleetfix.cli import RolloutOptions, main
-from fleetfix.cli_audit import audit_group
+from fleetfix.cli import main
+from fleetfix.cli.audit import audit_group
+from fleetfix.cli.common import RolloutOptions
 from fleetfix.errors import (
     AuthenticationError,
     ChangedHostKeyError,
     CommandFailedError,
     ConnectError,
     ConnectionLostError,
+    ConnectRefusedError,
+    ConnectTimeoutError,
     FleetfixError,
     InventoryError,
+    InventoryNotFoundError,
+    NameResolutionError,
     UnknownHostKeyError,
 )
-from fleetfix.inventory import local_target, resolve_inventory_path
-from fleetfix.output import NEXT_STEPS, _console, error_kind, print_table, with_hint
-from fleetfix.playbook.records import MASK
+from fleetfix.inventory import resolve
+from fleetfix.inventory.load import local_target, resolve_inventory_path
+from fleetfix.inventory.resolve import Resolution
+from fleetfix.reports.console import _console, print_table
+from fleetfix.secrets import MASK
 from fleetfix.target import SSHSettings
 from fleetfix.transport.hostkeys import KnownHosts
 from fleetfix.transport.ssh import SSHConnection, load_private_key
@@ -149,7 +155,7 @@ def test_exec_stderr_comes_before_the_stdout_it_preceded_when_both_go_to_one_pip
 def test_exec_masks_secret_vars_in_streamed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:
     secret = "hunter2-not-for-logs"
     target = dataclasses.replace(local_target(), vars={"db_password": secret})
-    monkeypatch.setattr(cli, "resolve_targets", lambda **_: [target])
+    monkeypatch.setattr(resolve, "resolve_targets", lambda _request: Resolution([target]))
     code, out, err = invoke("exec", "--local", "--", "sh", "-c", 'echo "pw=$0" >&2; echo "$0"', secret)
     assert code == 0, err
     assert err == f"pw={MASK}\n"
@@ -159,7 +165,7 @@ def test_exec_masks_secret_vars_in_streamed_stderr(monkeypatch: pytest.MonkeyPat
 def test_exec_labels_streamed_stderr_when_there_are_several_targets(monkeypatch: pytest.MonkeyPatch) -> None:
     here = local_target()
     targets = [dataclasses.replace(here, name=name) for name in ("one", "two")]
-    monkeypatch.setattr(cli, "resolve_targets", lambda **_: targets)
+    monkeypatch.setattr(resolve, "resolve_targets", lambda _request: Resolution(targets))
     code, out, err = invoke("exec", "--local", "--", "sh", "-c", "echo out; printf 'no newline' >&2")
     assert code == 0, err
     assert sorted(err.splitlines()) == ["one ! no newline", "two ! no newline"]  # flushed per target
@@ -255,23 +261,39 @@ def real_errors(tmp_path: Path, closed_port: int) -> dict[str, FleetfixError]:
     }
 
 
+# The class each first-run failure must be raised as: its hint is the next thing to try.
+EXPECTED_CLASSES = {
+    "host-key-unknown": UnknownHostKeyError,
+    "host-key-changed": ChangedHostKeyError,
+    "auth": AuthenticationError,
+    "refused": ConnectRefusedError,
+    "timeout": ConnectTimeoutError,
+    "resolve": NameResolutionError,
+    "unreachable": ConnectError,
+    "inventory-missing": InventoryNotFoundError,
+}
+
+
 def test_every_first_run_failure_ends_with_its_next_step(tmp_path: Path, closed_port: int) -> None:
     errors = real_errors(tmp_path, closed_port)
-    assert sorted(errors) == sorted(NEXT_STEPS)  # a hint per kind, each tested here
+    assert sorted(errors) == sorted(EXPECTED_CLASSES)
+    hints = set()
     for kind, error in errors.items():
-        assert error_kind(error) == kind, (kind, str(error))
-        # Only the message survives in probe reports and apply recaps: it must give the same kind.
-        assert error_kind(str(error)) == kind, (kind, str(error))
-        hinted = with_hint(str(error), error)
-        assert hinted == f"{error} — {NEXT_STEPS[kind]}" and "\n" not in hinted
+        assert type(error) is EXPECTED_CLASSES[kind], (kind, type(error), str(error))
+        assert error.hint, kind
+        hints.add(error.hint)
+        hinted = error.with_hint()
+        assert hinted == f"{error} — {error.hint}" and "\n" not in hinted
+    assert len(hints) == len(errors)  # each kind its own advice
 
 
 def test_the_hints_name_the_options_that_fix_them() -> None:
-    assert "--known-hosts FILE" in NEXT_STEPS["host-key-unknown"]
-    assert "--identity FILE" in NEXT_STEPS["auth"] and "--user" in NEXT_STEPS["auth"]
-    assert "--port" in NEXT_STEPS["refused"]
-    assert "--connect-timeout" in NEXT_STEPS["timeout"]
-    assert "--host" in NEXT_STEPS["inventory-missing"]
+    assert UnknownHostKeyError.hint and "--known-hosts FILE" in UnknownHostKeyError.hint
+    assert AuthenticationError.hint and "--identity FILE" in AuthenticationError.hint
+    assert "--user" in AuthenticationError.hint
+    assert ConnectRefusedError.hint and "--port" in ConnectRefusedError.hint
+    assert ConnectTimeoutError.hint and "--connect-timeout" in ConnectTimeoutError.hint
+    assert InventoryNotFoundError.hint and "--host" in InventoryNotFoundError.hint
 
 
 @pytest.mark.parametrize("error", [
@@ -281,22 +303,21 @@ def test_the_hints_name_the_options_that_fix_them() -> None:
     InventoryError("nodes: field required", path="inv.yaml", line=1),
 ])
 def test_other_errors_get_no_hint(error: FleetfixError) -> None:
-    assert error_kind(error) is None and with_hint(str(error), error) == str(error)
-    assert with_hint(str(error)) == str(error)
+    assert error.hint is None and error.with_hint() == str(error)
 
 
 def test_cli_error_line_carries_the_hint(tmp_path: Path) -> None:
     code, _, err = invoke("inventory", "list", "-i", str(tmp_path / "missing.yaml"))
     assert code == 2 and err.count("\n") == 1
-    assert err.rstrip().endswith(NEXT_STEPS["inventory-missing"])
+    assert InventoryNotFoundError.hint and err.rstrip().endswith(InventoryNotFoundError.hint)
 
 
 def test_exec_and_probe_print_the_hint_per_target(closed_port: int) -> None:
     host = ["--host", "127.0.0.1", "--port", str(closed_port)]
     code, out, _ = invoke("exec", *host, "--", "true")
-    assert code == 4 and f"connection refused — {NEXT_STEPS['refused']}" in out
+    assert code == 4 and f"connection refused — {ConnectRefusedError.hint}" in out
     code, out, _ = invoke("probe", *host)
-    assert code == 4 and f"connection refused — {NEXT_STEPS['refused']}" in out
+    assert code == 4 and f"connection refused — {ConnectRefusedError.hint}" in out
 
 
 # ---------------------------------------------------------------- 5. plain tables off a terminal

@@ -9,7 +9,7 @@ CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 def generated() -> str:
     # A fresh interpreter: click caches each command's help option on first use, so a render inside this
     # test process could depend on which other tests ran first.
-    return subprocess.run([sys.executable, "-m", "fleetfix.clidoc"], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "fleetfix.cli.doc"], capture_output=True, text=True,
                           check=True).stdout
 
 
@@ -29,7 +29,7 @@ def test_docs_cli_md_is_generated_from_the_current_commands() -> None:
     for heading, words in current.items():
         diff = "\n".join(difflib.unified_diff(documented[heading], words, lineterm="", n=3))
         assert documented[heading] == words, (
-            f"docs/cli.md is stale in {heading}: run `python -m fleetfix.clidoc > docs/cli.md`\n{diff}"
+            f"docs/cli.md is stale in {heading}: run `python -m fleetfix.cli.doc > docs/cli.md`\n{diff}"
         )
 
 

@@ -22,9 +22,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetfix.audit.policy import load_policy
-from fleetfix.discovery import DiscoveryResult, ProxmoxSource
 from fleetfix.errors import ConfigError
-from fleetfix.inventory import load_inventory
+from fleetfix.inventory.discovery.model import DiscoveryResult, ProxmoxSource
+from fleetfix.inventory.load import load_inventory
 from fleetfix.playbook.model import load_playbook
 
 REPO = Path(__file__).resolve().parents[2]

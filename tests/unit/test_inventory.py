@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from fleetfix.errors import ConfigError, InventoryError
-from fleetfix.inventory import (
+from fleetfix.inventory.load import (
     Inventory,
     adhoc_targets,
     load_inventory,
@@ -24,6 +24,7 @@ from fleetfix.inventory import (
     parse_inventory,
     resolve_inventory_path,
 )
+from fleetfix.target import NODE, GuestRef
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "inventory"
@@ -195,8 +196,8 @@ def test_targets_order_names_and_include_node(layered: Inventory) -> None:
     # pve1's containers only; pve2 itself (include_node) then its CT; gpu-host has no CTs so is a target.
     assert names == ["train-a", "pve1/201", "pve1/202", "pve2", "pve2/300", "gpu-host"]
     targets = by_name(layered)
-    assert targets["pve2"].ctid is None
-    assert targets["pve2/300"].ctid == 300
+    assert targets["pve2"].guest.is_node
+    assert targets["pve2/300"].guest == GuestRef.lxc(300)
     assert all(target.source == str(FIXTURES / "layered.yaml") for target in layered.targets)
 
 
@@ -285,7 +286,7 @@ def test_resolve_refuses_a_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: 
 
 def test_adhoc_without_ctids_is_the_node_itself() -> None:
     (target,) = adhoc_targets("127.0.0.1", port=2222, user="admin", known_hosts="/k/known", accept_new=True)
-    assert (target.name, target.ctid, target.source) == ("127.0.0.1", None, "cli")
+    assert (target.name, target.guest, target.source) == ("127.0.0.1", NODE, "cli")
     assert target.node.ssh is not None
     assert (target.node.ssh.port, target.node.ssh.user, target.node.ssh.known_hosts) == (2222, "admin",
                                                                                          "/k/known")
@@ -295,7 +296,7 @@ def test_adhoc_without_ctids_is_the_node_itself() -> None:
 def test_adhoc_ctids_share_one_node(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     targets = adhoc_targets("127.0.0.1", ctids=[201, 200], identity_file="~/.ssh/key", connect_timeout=3)
-    assert [(t.name, t.ctid) for t in targets] == [("127.0.0.1/201", 201), ("127.0.0.1/200", 200)]
+    assert [(t.name, t.guest.id) for t in targets] == [("127.0.0.1/201", 201), ("127.0.0.1/200", 200)]
     assert targets[0].node is targets[1].node
     assert targets[0].node.ssh is not None
     assert targets[0].node.ssh.identity_file == str(tmp_path / ".ssh" / "key")
@@ -321,7 +322,7 @@ def test_adhoc_rejects_bad_hosts(host: str) -> None:
 
 def test_local_target() -> None:
     target = local_target()
-    assert (target.name, target.node.name, target.node.ssh, target.ctid) == ("local", "local", None, None)
+    assert (target.name, target.node.name, target.node.ssh, target.guest) == ("local", "local", None, NODE)
 
 
 # --- fuzz: whatever the file holds, the loader answers with an Inventory or one InventoryError ----

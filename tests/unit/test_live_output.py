@@ -10,7 +10,7 @@ from typing import Any
 
 from rich.console import Console
 
-from fleetfix.output import LiveOutput
+from fleetfix.cli.live import LiveOutput
 from fleetfix.playbook.runner import run_playbook
 from fleetfix.target import Target
 from fleetfix.transport.base import run_script

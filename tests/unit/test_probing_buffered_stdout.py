@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pytest
 
 from fleetfix.probe import build_probe_script
-from fleetfix.probing import gather_facts, with_buffered_stdout
+from fleetfix.probe.run import gather_facts, with_buffered_stdout
 from fleetfix.target import NodeRef, Target
 from fleetfix.transport.base import CommandResult, OutputSink
 

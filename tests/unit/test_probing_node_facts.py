@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from fleetfix.fleet import Fleet
-from fleetfix.probing import probe_targets
-from fleetfix.target import NodeRef, SSHSettings, Target
+from fleetfix.probe.run import probe_targets
+from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.transport.base import CommandResult, OutputSink
 
 HEALTHY = (Path(__file__).resolve().parents[1] / "fixtures" / "probe" / "healthy.json").read_text()
@@ -51,7 +51,7 @@ class SlowNodeFacts:
 def test_node_facts_once_per_node_while_its_containers_are_probed() -> None:
     node = SlowNodeFacts()
     ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
-    targets = [Target(f"pve1/{ctid}", ref, ctid) for ctid in CTIDS]
+    targets = [Target(f"pve1/{ctid}", ref, GuestRef.lxc(ctid)) for ctid in CTIDS]
     with Fleet(connect=node.connect, channels_per_node=len(CTIDS)) as fleet:
         reports = probe_targets(fleet, targets)
     assert [report.status for report in reports] == ["ok"] * len(CTIDS)

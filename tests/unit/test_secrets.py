@@ -17,7 +17,8 @@ from click.testing import CliRunner
 
 from fleetfix.cli import main
 from fleetfix.errors import AuthenticationError
-from fleetfix.playbook.records import MASK, RunRecorder, load_run, mask_vars, secret_values
+from fleetfix.playbook.records import RunRecorder, load_run
+from fleetfix.secrets import MASK, mask_vars, secret_values
 from fleetfix.transport.ssh import PASSPHRASE_ENV, load_private_key
 
 PASSPHRASE = "pp-Correct horse $(battery) 'staple'"

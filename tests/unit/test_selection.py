@@ -7,19 +7,21 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fleetfix.errors import ConfigError
-from fleetfix.selection import parse_term, select
-from fleetfix.target import NodeRef, Target
+from fleetfix.inventory.select import parse_term, select
+from fleetfix.target import NODE, GuestRef, NodeRef, Target
 
 PVE1 = NodeRef("pve1", None)
 PVE2 = NodeRef("pve2", None)
 TARGETS = [
-    Target("pve1", PVE1, None, tags=frozenset({"a100"})),
-    Target("train-a", PVE1, 200, tags=frozenset({"a100", "training"}), groups=frozenset({"training", "gpu"})),
-    Target("pve1/201", PVE1, 201, tags=frozenset({"a100", "training", "notebooks"}),
+    Target("pve1", PVE1, NODE, tags=frozenset({"a100"})),
+    Target("train-a", PVE1, GuestRef.lxc(200), tags=frozenset({"a100", "training"}),
            groups=frozenset({"training", "gpu"})),
-    Target("pve2/300", PVE2, 300, tags=frozenset({"inference"}), groups=frozenset({"serving", "gpu"})),
-    Target("pve2/1250", PVE2, 1250),
-    Target("fe80::1", NodeRef("fe80::1", None), None),  # an ad-hoc IPv6 host is a legal target name
+    Target("pve1/201", PVE1, GuestRef.lxc(201), tags=frozenset({"a100", "training", "notebooks"}),
+           groups=frozenset({"training", "gpu"})),
+    Target("pve2/300", PVE2, GuestRef.lxc(300), tags=frozenset({"inference"}),
+           groups=frozenset({"serving", "gpu"})),
+    Target("pve2/1250", PVE2, GuestRef.lxc(1250)),
+    Target("fe80::1", NodeRef("fe80::1", None), NODE),  # an ad-hoc IPv6 host is a legal target name
 ]
 
 

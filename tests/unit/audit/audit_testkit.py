@@ -21,8 +21,8 @@ from typing import Any
 from fleetfix.errors import ConnectError
 from fleetfix.fleet import Fleet
 from fleetfix.probe import Finding, Fix, Severity
-from fleetfix.target import NodeRef, SSHSettings, Target
-from fleetfix.transport.base import CommandResult
+from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
+from fleetfix.transport.base import CommandResult, OutputSink
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 
@@ -48,8 +48,8 @@ def make_target(node: str, ctid: int, *, name: str | None = None, groups: Iterab
                 tags: Iterable[str] = (), vars: dict[str, Any] | None = None) -> Target:
     # Loopback only, never connected to: the FakeWorld connector answers instead.
     ssh = SSHSettings(address="127.0.0.1", port=2200 + sum(map(ord, node)) % 100, user=node)
-    return Target(name=name or f"{node}/{ctid}", node=NodeRef(node, ssh), ctid=ctid, vars=vars or {},
-                  groups=frozenset(groups), tags=frozenset(tags))
+    return Target(name=name or f"{node}/{ctid}", node=NodeRef(node, ssh), guest=GuestRef.lxc(ctid),
+                  vars=vars or {}, groups=frozenset(groups), tags=frozenset(tags))
 
 
 @dataclass
@@ -57,8 +57,8 @@ class _Connection:
     world: FakeWorld
     label: str
 
-    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
-                ) -> CommandResult:
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+                on_output: OutputSink | None = None) -> CommandResult:
         if argv[0] != "pct":
             return CommandResult(1, "", "no node facts in this fake\n", 0.0)  # node facts: unknown
         ctid = int(argv[2])

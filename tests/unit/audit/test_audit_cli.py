@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from fleetfix.audit import DEFAULT_POLICY, AuditStore, run_audit
 from fleetfix.cli import main
-from fleetfix.cli_audit import audit_group, schedule_group
+from fleetfix.cli.audit import audit_group
+from fleetfix.cli.schedule import schedule_group
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,7 +13,7 @@ from fleetfix.audit import DEFAULT_POLICY, AuditStore, load_policy, run_audit
 from fleetfix.audit.policy import evaluate, stale_finding
 from fleetfix.audit.report import junit_report, prometheus_report
 from fleetfix.errors import ConfigError
-from fleetfix.probing import probe_targets
+from fleetfix.probe.run import probe_targets
 from fleetfix.target import Target
 
 POLICY = """\

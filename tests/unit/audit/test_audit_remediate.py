@@ -52,8 +52,8 @@ class FakeApply:
             if target.name in self.skip:
                 continue
             if self.fixes and self.error is None:
-                assert target.ctid is not None
-                self.world.cts[target.ctid] = "healthy"
+                assert target.guest.id is not None
+                self.world.cts[target.guest.id] = "healthy"
             runs.append(FakeTargetRun(target.name, self.status, "because"))
         return FakePlaybookRun(runs, "aborted" if self.error else self.status, error=self.error)
 

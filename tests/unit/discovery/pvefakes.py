@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fleetfix.discovery import ApiAccess, ContainerFilter, ProxmoxSource, TokenSecret
+from fleetfix.inventory.discovery.model import ApiAccess, ContainerFilter, ProxmoxSource, TokenSecret
 from fleetfix.target import SSHSettings
 
 SECRET = "0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"

@@ -9,14 +9,8 @@ from pathlib import Path
 
 from pvefakes import api_source, ct
 
-from fleetfix.discovery import (
-    ApiAccess,
-    Discoverer,
-    Listing,
-    ProxmoxSource,
-    cache_path,
-    listing_from_records,
-)
+from fleetfix.inventory.discovery.discoverer import Discoverer, cache_path
+from fleetfix.inventory.discovery.model import ApiAccess, Listing, ProxmoxSource, listing_from_records
 
 
 class CountingFetch:
@@ -87,7 +81,7 @@ def test_a_cache_for_another_endpoint_or_token_is_ignored(tmp_path: Path) -> Non
 
 
 def test_filter_changes_apply_to_a_cached_listing(tmp_path: Path) -> None:
-    from fleetfix.discovery import ContainerFilter
+    from fleetfix.inventory.discovery.model import ContainerFilter
 
     fetch = CountingFetch(ct(200, "a", tags="gpu"), ct(201, "b"))
     discoverer = Discoverer(state_dir=tmp_path, fetch=fetch)

@@ -14,12 +14,17 @@ from proxmoxer.core import ResourceException
 from pvefakes import CLUSTER_STATUS, SECRET, SECRET_ENV, FakeProxmox, api_source, ct
 from requests import exceptions as http
 
-from fleetfix.discovery import Discoverer, ProxmoxSource, SshAccess, TokenSecret
-from fleetfix.discovery_clients import fetch_api_listing, fetch_ssh_listing, node_addresses_from_status
 from fleetfix.errors import ConnectError, DiscoveryError, InventoryError
 from fleetfix.fleet import Fleet
+from fleetfix.inventory.discovery.clients import (
+    fetch_api_listing,
+    fetch_ssh_listing,
+    node_addresses_from_status,
+)
+from fleetfix.inventory.discovery.discoverer import Discoverer
+from fleetfix.inventory.discovery.model import ProxmoxSource, SshAccess, TokenSecret
 from fleetfix.target import NodeRef, SSHSettings
-from fleetfix.transport.base import CommandResult
+from fleetfix.transport.base import CommandResult, OutputSink
 
 RESOURCES = [
     ct(200, "train-a", tags="gpu"),
@@ -209,7 +214,8 @@ class FakeNodeConnection:
         self.closed = False
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         self.argvs.append(tuple(argv))
         return self.result

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from pvefakes import ct
 
-from fleetfix.discovery import (
+from fleetfix.errors import InventoryError
+from fleetfix.inventory.discovery.model import (
     DiscoveryResult,
     Listing,
     ProxmoxSource,
     listing_from_records,
     targets_from_listing,
 )
-from fleetfix.errors import InventoryError
-from fleetfix.inventory import Inventory, parse_inventory
+from fleetfix.inventory.load import Inventory, parse_inventory
 
 
 class Recorder:

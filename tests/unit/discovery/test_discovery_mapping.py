@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pvefakes import api_source, ct
 
-from fleetfix import inventory
-from fleetfix.discovery import (
+from fleetfix.errors import DiscoveryError
+from fleetfix.inventory.discovery.model import (
     SAFE_NAME,
     ContainerFilter,
     Listing,
@@ -16,7 +16,8 @@ from fleetfix.discovery import (
     parse_tags,
     targets_from_listing,
 )
-from fleetfix.errors import DiscoveryError
+from fleetfix.inventory.model import NAME_PATTERN
+from fleetfix.target import GuestRef
 
 HOSTILE = "x;$(touch /tmp/canary)"
 ADDRESSES = {"pve1": "127.0.0.11", "pve2": "127.0.0.12"}
@@ -28,7 +29,7 @@ def listing(*records: dict[str, object]) -> Listing:
 
 
 def test_safe_name_is_the_inventory_name_pattern() -> None:
-    assert SAFE_NAME.pattern == inventory._NAME.pattern
+    assert SAFE_NAME.pattern == NAME_PATTERN.pattern
 
 
 @pytest.mark.parametrize(
@@ -54,7 +55,7 @@ def test_running_containers_become_targets_on_their_nodes_address() -> None:
     by_name = {t.name: t for t in result.targets}
     assert set(by_name) == {"train-a", "serve"}
     train = by_name["train-a"]
-    assert (train.ctid, train.node.name, train.tags, train.source) == (
+    assert (train.guest.id, train.node.name, train.tags, train.source) == (
         200,
         "pve1",
         frozenset({"gpu", "training"}),
@@ -123,7 +124,7 @@ def test_status_filter_leaves_stopped_containers_out_of_scope_entirely() -> None
 def test_hostile_name_is_replaced_by_node_and_vmid_and_reported() -> None:
     result = targets_from_listing(api_source(), listing(ct(201, HOSTILE)))
     assert [t.name for t in result.targets] == ["pve1/201"]
-    assert result.targets[0].ctid == 201
+    assert result.targets[0].guest == GuestRef.lxc(201)
     assert any("not a safe name" in w and "pve1/201" in w for w in result.warnings)
     assert all(HOSTILE not in t.name for t in result.targets)
 

@@ -15,7 +15,7 @@ import pytest
 
 from fleetfix.errors import FleetfixError, TransportError
 from fleetfix.playbook.model import Playbook, parse_playbook
-from fleetfix.target import NodeRef, Target
+from fleetfix.target import NODE, GuestRef, NodeRef, Target
 from fleetfix.transport.base import CommandResult, OutputSink, Transport
 
 REPO = Path(__file__).resolve().parents[3]
@@ -29,7 +29,8 @@ def problem_facts() -> dict[str, Any]:
 
 
 def make_target(name: str, ctid: int | None = 101, **target_vars: Any) -> Target:
-    return Target(name=name, node=NodeRef("pve1", None), ctid=ctid, vars=target_vars)
+    guest = NODE if ctid is None else GuestRef.lxc(ctid)
+    return Target(name=name, node=NodeRef("pve1", None), guest=guest, vars=target_vars)
 
 
 def playbook_from(text: str, tmp_path: Path, name: str = "book.yaml") -> Playbook:

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from fleetfix.errors import ConfigError
-from fleetfix.playbook.records import MASK, RunRecorder, default_state_dir, list_runs, load_run
+from fleetfix.paths import default_state_dir
+from fleetfix.playbook.records import RunRecorder, list_runs, load_run
 from fleetfix.playbook.runner import run_playbook
+from fleetfix.secrets import MASK
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import FakeCall, FakeTransport
 from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from

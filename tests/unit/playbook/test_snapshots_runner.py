@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -10,18 +11,19 @@ from typing import Any
 import pytest
 
 from fleetfix.errors import ConnectError
+from fleetfix.guests import open_guest
+from fleetfix.guests.base import Guest, parse_snapshot_tree
+from fleetfix.guests.lxc import LxcGuest
 from fleetfix.playbook.records import RunRecorder, load_run
 from fleetfix.playbook.runner import PlaybookRun, run_playbook
-from fleetfix.snapshots import (
+from fleetfix.playbook.snapshots import (
     PVE_SNAPSHOT_NAME,
     SnapshotPolicy,
     own_snapshot_key,
-    parse_listsnapshot,
-    pct_argv,
     snapshot_name,
     to_prune,
 )
-from fleetfix.target import Target
+from fleetfix.target import GuestRef, Target
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import FakeCall, FakeTransport
 from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from
@@ -64,15 +66,15 @@ def test_snapshot_names_are_valid_pve_names_in_utc() -> None:
 
 
 def test_listsnapshot_tree_is_parsed_without_current() -> None:
-    assert parse_listsnapshot(LISTING) == [
+    assert parse_snapshot_tree(LISTING) == [
         "before-upgrade", "fleetfix-20261101-100000", "fleetfix-manual", "fleetfix-20261102-100000",
         "fleetfix-20261103-120000"]
-    assert parse_listsnapshot(LISTING + "     `-> current          You are here!\n")[-1] != "current"
-    assert parse_listsnapshot("`-> current                You are here!\n") == []
+    assert parse_snapshot_tree(LISTING + "     `-> current          You are here!\n")[-1] != "current"
+    assert parse_snapshot_tree("`-> current                You are here!\n") == []
 
 
 def test_pruning_keeps_the_newest_and_never_touches_other_names() -> None:
-    names = [*parse_listsnapshot(LISTING), "fleetfix-20261103-120000-1"]
+    names = [*parse_snapshot_tree(LISTING), "fleetfix-20261103-120000-1"]
     assert to_prune(names, 1) == ["fleetfix-20261101-100000", "fleetfix-20261102-100000",
                                   "fleetfix-20261103-120000"]
     assert to_prune(names, 3) == ["fleetfix-20261101-100000"]
@@ -80,11 +82,13 @@ def test_pruning_keeps_the_newest_and_never_touches_other_names() -> None:
     assert own_snapshot_key("fleetfix-manual") is None and own_snapshot_key("before-upgrade") is None
 
 
-def test_pct_argv_needs_an_int_ctid() -> None:
-    assert pct_argv("rollback", 101, "fleetfix-x", "--start", "1") == [
-        "pct", "rollback", "101", "fleetfix-x", "--start", "1"]
+def test_guest_commands_are_argv_with_an_int_id() -> None:
+    node = FakeTransport("pve1").on("pct rollback", rc=0)
+    LxcGuest(make_target("ct101"), node).rollback("fleetfix-x", start=True)
+    assert node.calls[0].argv == ("pct", "rollback", "101", "fleetfix-x", "--start", "1")
+    hostile = dataclasses.replace(make_target("ct101"), guest=GuestRef("lxc", "101; reboot"))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        pct_argv("snapshot", "101; reboot", "x")  # type: ignore[arg-type]
+        LxcGuest(hostile, node)
     with pytest.raises(ValueError):
         SnapshotPolicy(take=True, keep=0)
 
@@ -145,7 +149,7 @@ def run(book_text: str, tmp_path: Path, target: Target, ct: FakeTransport, node:
         result = run_playbook(
             playbook_from(book_text, tmp_path), [target], fleet_map=StandInFleet({target.name: ct}).map,
             facts_for=lambda _t, _tr: {}, vars={}, check=check, recorder=recorder, snapshots=policy,
-            node_for=lambda _target: node)
+            guest_for=lambda target: open_guest(target, node))
     events = load_run(tmp_path / "state", result.run_id or "").events
     return result, events
 
@@ -265,7 +269,7 @@ def test_other_snapshot_errors_always_refuse(tmp_path: Path) -> None:
 def test_unreachable_node_refuses(tmp_path: Path) -> None:
     log: list[str] = []
 
-    def node_for(_target: Target) -> FakeTransport:
+    def guest_for(_target: Target) -> Guest:
         raise ConnectError("127.0.0.1:1: connection refused")
 
     with RunRecorder(tmp_path / "state") as recorder:
@@ -274,7 +278,7 @@ def test_unreachable_node_refuses(tmp_path: Path) -> None:
             playbook_from(BOOK, tmp_path), [target],
             fleet_map=StandInFleet({target.name: container(log)}).map,
             facts_for=lambda _t, _tr: {}, vars={}, check=False, recorder=recorder,
-            snapshots=SnapshotPolicy(take=True, allow_no_snapshot=True), node_for=node_for)
+            snapshots=SnapshotPolicy(take=True, allow_no_snapshot=True), guest_for=guest_for)
     assert result.targets[0].status == "failed" and "ONE-APPLY" not in log
     assert "connection refused" in result.targets[0].steps[1].reason
 
@@ -288,7 +292,7 @@ def test_a_node_cannot_be_snapshotted(tmp_path: Path, allow: bool) -> None:
     assert node.calls == []
     assert ("ONE-APPLY" in log) is allow
     assert result.targets[0].status == ("changed" if allow else "failed")
-    assert "a node is not a container and cannot be snapshotted" in result.recap_lines()[0]
+    assert "a node is not a guest and cannot be snapshotted" in result.recap_lines()[0]
 
 
 def test_keep_prunes_only_older_fleetfix_snapshots(tmp_path: Path) -> None:

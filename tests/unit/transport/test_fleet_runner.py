@@ -9,12 +9,12 @@ from collections.abc import Sequence
 
 import pytest
 
-from fleetfix.errors import CommandFailedError, ConnectError, ContainerError
+from fleetfix.errors import CommandFailedError, ConnectError, GuestError
 from fleetfix.fleet import Fleet, Outcome
-from fleetfix.target import NodeRef, SSHSettings, Target
-from fleetfix.transport.base import CommandResult, Transport
+from fleetfix.guests.lxc import PctTransport
+from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
+from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.local import LocalTransport
-from fleetfix.transport.pct import PctTransport
 
 
 class FakeConnection:
@@ -30,7 +30,8 @@ class FakeConnection:
         self._lock = threading.Lock()
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         with self._lock:
             self.running += 1
@@ -75,7 +76,7 @@ def node(name: str) -> NodeRef:
 
 def targets_on(node_name: str, ctids: Sequence[int]) -> list[Target]:
     ref = node(node_name)
-    return [Target(f"{node_name}/{ctid}", ref, ctid=ctid) for ctid in ctids]
+    return [Target(f"{node_name}/{ctid}", ref, GuestRef.lxc(ctid)) for ctid in ctids]
 
 
 def echo(_target: Target, transport: Transport) -> str:
@@ -91,7 +92,7 @@ def test_results_come_back_in_input_order_with_one_connection_per_node() -> None
     assert [o.target for o in outcomes] == mixed
     assert all(o.ok and o.error is None for o in outcomes)
     expected = [
-        f"{t.node.name} {t.ctid if t.ctid is not None else 'node'} hi" for t in mixed
+        f"{t.node.name} {t.guest.id if t.guest.id is not None else 'node'} hi" for t in mixed
     ]
     assert [o.value for o in outcomes] == expected
     assert connector.attempts == Counter({"a": 1, "b": 1})
@@ -133,9 +134,9 @@ def test_a_node_that_cannot_connect_marks_all_its_targets_unreachable_once() -> 
 
 def test_one_targets_exception_never_stops_the_others() -> None:
     def flaky(target: Target, transport: Transport) -> str:
-        if target.ctid == 2:
+        if target.guest.id == 2:
             raise CommandFailedError("command failed (exit 3): boom")
-        if target.ctid == 3:
+        if target.guest.id == 3:
             raise KeyError("surprise")
         return echo(target, transport)
 
@@ -144,7 +145,7 @@ def test_one_targets_exception_never_stops_the_others() -> None:
     assert str(outcomes[1].error) == "command failed (exit 3): boom"
     assert str(outcomes[2].error) == "unexpected error: KeyError: 'surprise'"
     assert isinstance(outcomes[2].error.__cause__ if outcomes[2].error else None, KeyError)
-    assert isinstance(outcomes[3].error, ContainerError)
+    assert isinstance(outcomes[3].error, GuestError)
     assert str(outcomes[3].error) == "CT 4 on a is stopped"
 
 

@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from fleetfix.errors import ContainerError
-from fleetfix.transport.base import CommandResult, command_line, run_script
-from fleetfix.transport.local import LocalTransport
-from fleetfix.transport.pct import (
+from fleetfix.errors import GuestError
+from fleetfix.guests.lxc import (
     CONTAINER_ENV,
     NODE_BACKSTOP_SECONDS,
     PctTransport,
     container_error,
     pct_exec_argv,
 )
+from fleetfix.transport.base import CommandResult, OutputSink, command_line, run_script
+from fleetfix.transport.local import LocalTransport
 
 
 class RecordingNode:
@@ -34,7 +34,8 @@ class RecordingNode:
         self.calls: list[tuple[tuple[str, ...], bytes, float | None]] = []
 
     def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
     ) -> CommandResult:
         self.calls.append((tuple(argv), stdin, timeout))
         return self.result
@@ -82,7 +83,7 @@ def test_hostile_words_survive_one_round_of_quoting() -> None:
     ],
 )
 def test_pct_errors_become_container_errors(stderr: str, message: str) -> None:
-    with pytest.raises(ContainerError) as caught:
+    with pytest.raises(GuestError) as caught:
         PctTransport(RecordingNode(result(255, "", stderr)), 101).execute(["true"])
     assert str(caught.value) == message
 
@@ -130,7 +131,7 @@ def test_runs_through_a_pct_with_a_clean_env_and_verbatim_stdin(local_node: Loca
 
 
 def test_stopped_ct_through_a_pct(local_node: LocalTransport) -> None:
-    with pytest.raises(ContainerError, match="CT 999 on pve1 is stopped"):
+    with pytest.raises(GuestError, match="CT 999 on pve1 is stopped"):
         PctTransport(local_node, 999).execute(["true"])
 
 

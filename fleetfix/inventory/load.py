@@ -5,8 +5,8 @@ order -> node -> container), group membership, `~` and relative paths. Every pro
 `file:line: field.path: what was expected`, raised as InventoryError. docs/inventory.md is the user's
 reference for the format; keep the two in step.
 
-`proxmox:` entries are sources of targets found at load time (fleetfix.discovery): the file is checked
-first, then each source is discovered, then groups and vars are resolved over static and discovered
+`proxmox:` entries are sources of targets found at load time (fleetfix.inventory.discovery): the file is
+checked first, then each source is discovered, then groups and vars are resolved over static and discovered
 targets alike. Discovered containers that are not targets (stopped, say) are kept in `Inventory.skipped`.
 """
 
@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import copy
 import os
-import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
-from pydantic_core import PydanticCustomError
-
-from fleetfix.discovery import (
+from fleetfix.errors import ConfigError, InventoryError, InventoryNotFoundError
+from fleetfix.inventory.discovery.model import (
     ApiAccess,
     ContainerFilter,
     DiscoveryResult,
@@ -33,225 +30,24 @@ from fleetfix.discovery import (
     SshAccess,
     TokenSecret,
 )
-from fleetfix.errors import ConfigError, InventoryError
-from fleetfix.selection import Term, apply_terms, check_unknown_prefixes, parse_pattern, select
-from fleetfix.target import NodeRef, SSHSettings, Target
+from fleetfix.inventory.model import (
+    ADDRESS_PATTERN,
+    CTID_MAX,
+    CTID_MIN,
+    DEFAULT_PATH,
+    ENV_VAR,
+    NAME_PATTERN,
+    PVE_API_PORT,
+    RESERVED_NAMES,
+    ConnectionFields,
+    DefaultsModel,
+    InventoryModel,
+    NodeModel,
+    ProxmoxModel,
+)
+from fleetfix.inventory.select import Term, apply_terms, check_unknown_prefixes, parse_pattern, select
+from fleetfix.target import NODE, GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.yamlsource import Loc, Locations, load_yaml, parse_yaml, validate
-
-ENV_VAR = "FLEETFIX_INVENTORY"
-DEFAULT_PATH = "inventory.yaml"
-# Proxmox VE accepts VMIDs 100..999999999 (ids below 100 are reserved).
-CTID_MIN, CTID_MAX = 100, 999_999_999
-# Hostname-like, and free of the pattern language's `, ! : * ? [ /`, so a name is never read as a pattern.
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
-_VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # usable as a jinja2 identifier
-_ADDRESS = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]{0,252}")  # never starts with '-'
-_JUMP_HOST = re.compile(  # [user@]host[:port], host possibly a bracketed IPv6; never starts with '-'
-    r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.%]+\])(?::(\d{1,5}))?")
-RESERVED_NAMES = frozenset({"all"})  # `all` selects every target
-PVE_API_PORT = 8006
-# A PVE API token id: user@realm!tokenname (PVE: userid `[^\s:/]+@realm`, token name `[A-Za-z][\w.-]*`).
-_TOKEN_ID = re.compile(r"[^\s:/@!=]+@[A-Za-z][A-Za-z0-9._-]*![A-Za-z][A-Za-z0-9._-]*")
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def _check_name(value: str) -> str:
-    if not _NAME.fullmatch(value):
-        raise PydanticCustomError(
-            "name", "expected a name: letters, digits, '.', '_', '-'; starting with a letter or digit; "
-                    "at most 63 characters")
-    return value
-
-
-def _check_var_name(value: str) -> str:
-    if not _VAR_NAME.fullmatch(value):
-        raise PydanticCustomError(
-            "var_name", "expected a var name: letters, digits and '_', not starting with a digit")
-    return value
-
-
-def _check_port(value: int) -> int:
-    if not 1 <= value <= 65535:
-        raise PydanticCustomError("port", "expected a TCP port, 1..65535")
-    return value
-
-
-def _check_ctid(value: int) -> int:
-    if not CTID_MIN <= value <= CTID_MAX:
-        raise PydanticCustomError("ctid", f"expected a Proxmox CT id, {CTID_MIN}..{CTID_MAX}")
-    return value
-
-
-def _check_address(value: str) -> str:
-    if not _ADDRESS.fullmatch(value):
-        raise PydanticCustomError("address", "expected a host name or IP address")
-    return value
-
-
-def _check_jump_host(value: str) -> str:
-    found = _JUMP_HOST.fullmatch(value)
-    if found is None or (found.group(1) is not None and not 1 <= int(found.group(1)) <= 65535):
-        raise PydanticCustomError("jump_host", "expected [user@]host[:port]")
-    return value
-
-
-def _check_path(value: str) -> str:
-    if not value.strip() or "\0" in value:
-        raise PydanticCustomError("path", "expected a file path")
-    return value
-
-
-def _check_api_url(value: str) -> str:
-    """`https://host[:port]` and nothing else: no credentials, path or query to leak or misread."""
-    try:
-        parts = urlsplit(value)
-        port = parts.port
-    except ValueError:
-        parts, port = None, None
-    if (parts is None or parts.scheme != "https" or not parts.hostname or parts.username is not None
-            or parts.password is not None or parts.path not in ("", "/", "/api2/json", "/api2/json/")
-            or parts.query or parts.fragment or not _ADDRESS.fullmatch(parts.hostname)
-            or (port is not None and not 1 <= port <= 65535)):
-        raise PydanticCustomError("api_url", "expected https://host[:port] (port 8006 if omitted)")
-    return value
-
-
-def _check_token_id(value: str) -> str:
-    if not _TOKEN_ID.fullmatch(value):
-        raise PydanticCustomError("token_id", "expected an API token id: user@realm!tokenname")
-    return value
-
-
-def _check_env_name(value: str) -> str:
-    if not _ENV_NAME.fullmatch(value):
-        raise PydanticCustomError("env_name", "expected an environment variable name")
-    return value
-
-
-def _check_glob(value: str) -> str:
-    if not value.strip():
-        raise PydanticCustomError("glob", "expected a name or glob")
-    return value
-
-
-def _check_json_value(value: Any) -> Any:
-    """Vars reach jinja2 templates and `--json` output, so only JSON-shaped values are accepted."""
-    if value is None or isinstance(value, str | bool | int | float):
-        return value
-    if isinstance(value, list):
-        return [_check_json_value(item) for item in value]
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        return {key: _check_json_value(item) for key, item in value.items()}
-    raise PydanticCustomError(
-        "var_value", "expected a string, number, boolean, null, list or mapping with string keys "
-                     "(quote dates and other special YAML values)")
-
-
-Name = Annotated[str, AfterValidator(_check_name)]
-VarName = Annotated[str, AfterValidator(_check_var_name)]
-Port = Annotated[int, AfterValidator(_check_port)]
-CTID = Annotated[int, AfterValidator(_check_ctid)]
-Address = Annotated[str, AfterValidator(_check_address)]
-JumpHost = Annotated[str, AfterValidator(_check_jump_host)]
-FilePath = Annotated[str, AfterValidator(_check_path)]
-Seconds = Annotated[float, Field(gt=0, le=3600)]
-KeepaliveSeconds = Annotated[float, Field(ge=0, le=3600)]  # 0: no keepalives
-Vars = dict[VarName, Annotated[Any, AfterValidator(_check_json_value)]]
-ApiUrl = Annotated[str, AfterValidator(_check_api_url)]
-TokenId = Annotated[str, AfterValidator(_check_token_id)]
-EnvName = Annotated[str, AfterValidator(_check_env_name)]
-Glob = Annotated[str, AfterValidator(_check_glob)]
-CtStatus = Literal["running", "stopped"]
-
-
-class _Model(BaseModel):
-    # strict: YAML already yields typed values; "22" for a port or `yes` for a name is a mistake to report.
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
-
-
-class ConnectionFields(_Model):
-    """SSH settings shared by `defaults` and each node. A node's value wins when the node sets it."""
-
-    user: Name = "root"
-    port: Port = 22
-    identity_file: FilePath | None = None  # None: ssh-agent and the default keys
-    known_hosts: FilePath | None = None  # None: ~/.ssh/known_hosts
-    accept_new: bool = False
-    jump_host: JumpHost | None = None
-    connect_timeout: Seconds = 10.0
-    keepalive: KeepaliveSeconds = 15.0
-    vars: Vars = {}
-
-
-class DefaultsModel(ConnectionFields):
-    pass
-
-
-class ContainerModel(_Model):
-    ctid: CTID
-    name: Name | None = None  # None: "<node>/<ctid>"
-    tags: list[Name] = []
-    vars: Vars = {}
-
-
-class NodeModel(ConnectionFields):
-    name: Name
-    address: Address
-    tags: list[Name] = []
-    include_node: bool | None = None  # None: the node is a target only when it lists no containers
-    containers: list[ContainerModel] = []
-
-
-class ProxmoxSSHModel(_Model):
-    """How to reach the discovered nodes over SSH; unset fields come from `defaults`."""
-
-    user: Name = "root"
-    port: Port = 22
-    identity_file: FilePath | None = None
-    known_hosts: FilePath | None = None
-    accept_new: bool = False
-    jump_host: JumpHost | None = None
-    connect_timeout: Seconds = 10.0
-    keepalive: KeepaliveSeconds = 15.0
-
-
-class ProxmoxFilterModel(_Model):
-    tags: list[Glob] = []
-    status: CtStatus | list[CtStatus] = []
-    name: Glob | list[Glob] = []
-    nodes: list[Glob] = []
-
-
-class ProxmoxModel(_Model):
-    name: Name
-    api: ApiUrl | None = None
-    via_ssh: Name | None = None  # a node under `nodes:`; pvesh runs there
-    pve_node: Name | None = None  # that node's name in PVE (default: its inventory name)
-    token_id: TokenId | None = None
-    token_secret_env: EnvName | None = None
-    token_secret_file: FilePath | None = None
-    token_secret: Any = None  # accepted by the schema only to refuse it with a clear message
-    verify_tls: bool = True
-    ca_file: FilePath | None = None
-    timeout: Seconds = 10.0
-    filter: ProxmoxFilterModel = ProxmoxFilterModel()
-    ssh: ProxmoxSSHModel = ProxmoxSSHModel()
-    node_addresses: dict[Name, Address] = {}
-    tags: list[Name] = []
-    vars: Vars = {}
-    cache_ttl: Annotated[float, Field(ge=0, le=86400)] = 0.0
-
-
-class GroupModel(_Model):
-    targets: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
-    vars: Vars = {}
-
-
-class InventoryModel(_Model):
-    defaults: DefaultsModel = DefaultsModel()
-    nodes: list[NodeModel] = []  # at least one node or one proxmox source (checked in _build)
-    proxmox: list[ProxmoxModel] = []
-    groups: dict[Name, GroupModel] = {}
 
 
 @dataclass
@@ -270,7 +66,7 @@ class Inventory:
         return select(self.targets, pattern)
 
 
-# Discovers one source (fleetfix.discovery.Discoverer in production; tests pass fakes).
+# Discovers one source (fleetfix.inventory.discovery.Discoverer in production; tests pass fakes).
 Discover = Callable[[ProxmoxSource], DiscoveryResult]
 
 
@@ -293,7 +89,7 @@ def resolve_inventory_path(cli_value: str | None) -> Path:
         raw, origin = DEFAULT_PATH, f"the default; pass --inventory FILE or set ${ENV_VAR}"
     path = Path(os.path.expanduser(raw))
     if not path.exists():
-        raise InventoryError(f"inventory file not found ({origin})", path=str(path))
+        raise InventoryNotFoundError(f"inventory file not found ({origin})", path=str(path))
     if not path.is_file():
         raise InventoryError(f"inventory is not a file ({origin})", path=str(path))
     return path
@@ -301,7 +97,7 @@ def resolve_inventory_path(cli_value: str | None) -> Path:
 
 def load_inventory(path: str | Path, *, discover: Discover | None = None) -> Inventory:
     """Load and check the file, then discover its `proxmox:` sources with `discover` (default: a
-    fleetfix.discovery.Discoverer, which uses the network and the cache)."""
+    fleetfix.inventory.discovery.Discoverer, which uses the network and the cache)."""
     with _as_inventory_error(path):
         data, where = load_yaml(path, InventoryError)
     return _build(data, where, Path(path), discover)
@@ -346,7 +142,7 @@ def _build(data: Any, where: Locations, path: Path, discover: Discover | None) -
     inventory = Inventory(path=path, targets=[], groups={})
     if sources:
         if discover is None:
-            from fleetfix.discovery import Discoverer
+            from fleetfix.inventory.discovery.discoverer import Discoverer
 
             discover = Discoverer()
         for source, source_model in sources:
@@ -378,16 +174,16 @@ def _add_discovered(
     """Append a source's targets. A container already in the inventory (same node connection and CT id)
     is skipped; a name already taken falls back to `<node>/<ctid>`, with a warning."""
     taken = {draft.target.name for draft in drafts} | group_names | RESERVED_NAMES
-    seen = {_ct_key(draft.target): draft.target for draft in drafts if draft.target.ctid is not None}
+    seen = {_guest_key(draft.target): draft.target for draft in drafts if not draft.target.guest.is_node}
     for target in result.targets:
-        first = seen.get(_ct_key(target))
+        first = seen.get(_guest_key(target))
         if first is not None:
             inventory.skipped.append((target.name, f"already in the inventory as {first.name!r} "
                                                    f"(from {first.source})"))
             continue
         name = target.name
         if name in taken:
-            fallback = f"{target.node.name}/{target.ctid}"
+            fallback = f"{target.node.name}/{target.guest.id}"
             if fallback in taken:
                 inventory.skipped.append((name, "its name and its node/ctid name are both taken"))
                 continue
@@ -395,13 +191,13 @@ def _add_discovered(
             name = fallback
         taken.add(name)
         target = replace(target, name=name)
-        seen[_ct_key(target)] = target
+        seen[_guest_key(target)] = target
         drafts.append(_Draft(target, own_vars))
 
 
-def _ct_key(target: Target) -> tuple[Any, int | None]:
+def _guest_key(target: Target) -> tuple[Any, int | None]:
     ssh = target.node.ssh
-    return (ssh.key if ssh is not None else target.node.name, target.ctid)
+    return (ssh.key if ssh is not None else target.node.name, target.guest.id)
 
 
 def _pick(node: NodeModel, defaults: DefaultsModel, field: str) -> Any:
@@ -462,7 +258,7 @@ def _drafts(
                          "a node without containers must be a target itself (drop include_node)")
         if include_node:
             claim(node.name, (*node_loc, "name"))
-            drafts.append(_Draft(Target(node.name, ref, None, tags=frozenset(node.tags), source=str(path)),
+            drafts.append(_Draft(Target(node.name, ref, NODE, tags=frozenset(node.tags), source=str(path)),
                                  (node.vars,)))
         ctid_lines: dict[int, int | None] = {}
         for position, container in enumerate(node.containers):
@@ -477,7 +273,7 @@ def _drafts(
             claim(name, name_loc)
             # A node's tags describe its hardware, which its containers share.
             tags = frozenset(node.tags) | frozenset(container.tags)
-            drafts.append(_Draft(Target(name, ref, container.ctid, tags=tags, source=str(path)),
+            drafts.append(_Draft(Target(name, ref, GuestRef.lxc(container.ctid), tags=tags, source=str(path)),
                                  (node.vars, container.vars)))
     return drafts, node_refs
 
@@ -641,11 +437,11 @@ def adhoc_targets(
     connect_timeout: float = 10.0,
 ) -> list[Target]:
     """Targets from `--host/--ct`: the node itself, or one target per CT sharing one NodeRef."""
-    if not _ADDRESS.fullmatch(host):
+    if not ADDRESS_PATTERN.fullmatch(host):
         raise ConfigError(f"--host {host!r}: expected a host name or IP address")
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port {port}: expected a TCP port, 1..65535")
-    if not _NAME.fullmatch(user):
+    if not NAME_PATTERN.fullmatch(user):
         raise ConfigError(f"--user {user!r}: expected a user name")
     if not connect_timeout > 0:
         raise ConfigError(f"connect timeout {connect_timeout}: expected a positive number of seconds")
@@ -664,13 +460,13 @@ def adhoc_targets(
     )
     ref = NodeRef(name=host, ssh=settings)
     if not ctids:
-        return [Target(host, ref, None, source="cli")]
-    return [Target(f"{host}/{ctid}", ref, ctid, source="cli") for ctid in ctids]
+        return [Target(host, ref, NODE, source="cli")]
+    return [Target(f"{host}/{ctid}", ref, GuestRef.lxc(ctid), source="cli") for ctid in ctids]
 
 
 def local_target() -> Target:
     """This machine, with no SSH at all (`--local`)."""
-    return Target("local", NodeRef(name="local", ssh=None), None, source="local")
+    return Target("local", NodeRef(name="local", ssh=None), NODE, source="local")
 
 
 __all__ = [

@@ -1,20 +1,20 @@
-"""Snapshots around changes: `pct snapshot` before a container's first change, `pct rollback` if it fails.
+"""Snapshots around changes: a guest snapshot before its first change, a rollback if the change fails.
 
 The playbook runner asks a `SnapshotGuard` (one per target and run) right before the first step that will
-actually change the target (its check said "not in the desired state", or it has no check). The guard:
+actually change the target (its check said "not in the desired state", or it has no check). The guard
+works through the target's `Guest` (`pct` for a container, `qm` for a VM, run on the node):
 
-1. takes `pct snapshot <CTID> fleetfix-<UTC timestamp>` on the container's NODE (pct runs there, not in
-   the CT) and remembers whether the CT was running (`pct status`), since a rollback stops it;
-2. prunes older fleetfix snapshots of that CT down to `keep` (`pct listsnapshot` / `pct delsnapshot`);
-   only names that fleetfix itself makes (`fleetfix-YYYYMMDD-HHMMSS[-N]`) are ever deleted;
+1. takes snapshot `fleetfix-<UTC timestamp>` and remembers whether the guest was running, since a
+   rollback stops it;
+2. prunes older fleetfix snapshots of that guest down to `keep`; only names that fleetfix itself makes
+   (`fleetfix-YYYYMMDD-HHMMSS[-N]`) are ever deleted;
 3. refuses the change when no snapshot could be taken: storage without snapshot support
-   (`snapshot feature is not available`, docs/DOMAIN.md 5.2) or a node target (not a container) is
-   refused unless `allow_no_snapshot`; any other snapshot failure is always refused;
-4. after a failed target, `rollback()` runs `pct rollback <CTID> <snap>` with `--start 1` when the CT
-   was running (PVE's rollback stops a running CT and only restarts it when told to).
+   (`snapshot feature is not available`, docs/DOMAIN.md 5.2) or a kind that cannot snapshot (the node
+   itself) is refused unless `allow_no_snapshot`; any other snapshot failure is always refused;
+4. after a failed target, `rollback()` rolls back with `--start 1` when the guest was running (PVE's
+   rollback stops a running guest and only restarts it when told to).
 
-Every pct command is an argv (the node transport quotes once); the CT id is an int. Nothing here raises
-for a target's own problems: they come back as text for the recap and the run record.
+Nothing here raises for a target's own problems: they come back as text for the recap and the run record.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from fleetfix.errors import FleetfixError
+from fleetfix.guests import Guest
+from fleetfix.guests.base import DEFAULT_GUEST_TIMEOUT
 from fleetfix.target import Target
-from fleetfix.transport.base import CommandResult, Transport
+from fleetfix.transport.base import CommandResult
 
 SNAPSHOT_PREFIX = "fleetfix-"
 # What PVE says when a volume's storage cannot snapshot (PVE::LXC::Config, docs/DOMAIN.md 5.2).
@@ -40,16 +42,15 @@ PVE_SNAPSHOT_NAME_MAX = 40
 _OWN_NAME = re.compile(r"^fleetfix-(\d{8}-\d{6})(?:-(\d{1,3}))?$")
 _NAME_TAKEN = "already used"
 _COLLISION_TRIES = 5
-DEFAULT_PCT_TIMEOUT = 600.0  # a snapshot or rollback of a big volume can take minutes
 
 # (kind, fields): the run record's event hook (Recorder.event).
 EventSink = Callable[..., None]
 
 
-class NodeFor(Protocol):
-    """The transport of a target's node (Fleet.node_transport); may raise a TransportError."""
+class GuestFor(Protocol):
+    """The guest driver of a target (Fleet.guest); may raise a TransportError (node unreachable)."""
 
-    def __call__(self, target: Target, /) -> Transport: ...
+    def __call__(self, target: Target, /) -> Guest: ...
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class SnapshotPolicy:
     rollback_on_failure: bool = False
     keep: int | None = None  # prune to this many fleetfix snapshots per CT (the new one included)
     allow_no_snapshot: bool = False  # change a CT whose storage cannot snapshot (and a node) anyway
-    timeout: float = DEFAULT_PCT_TIMEOUT
+    timeout: float = DEFAULT_GUEST_TIMEOUT
 
     def __post_init__(self) -> None:
         if self.keep is not None and self.keep < 1:
@@ -90,27 +91,10 @@ def own_snapshot_key(name: str) -> tuple[str, int] | None:
     return match.group(1), int(match.group(2) or 0)
 
 
-def parse_listsnapshot(text: str) -> list[str]:
-    """Snapshot names from `pct listsnapshot` (PVE's tree print: `` `-> name  time  description``,
-    children indented), without the `current` pseudo entry."""
-    names: list[str] = []
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[0] == "`->" and words[1] != "current":
-            names.append(words[1])
-    return names
-
-
 def to_prune(names: Sequence[str], keep: int) -> list[str]:
     """fleetfix's own snapshots beyond the newest `keep`, oldest first; other names are never listed."""
     own = sorted((key, name) for name in names if (key := own_snapshot_key(name)) is not None)
     return [name for _, name in own[: max(len(own) - keep, 0)]]
-
-
-def pct_argv(command: str, ctid: int, *rest: str) -> list[str]:
-    if isinstance(ctid, bool) or not isinstance(ctid, int):
-        raise TypeError(f"a CT id is an int, not {type(ctid).__name__}")
-    return ["pct", command, str(ctid), *rest]
 
 
 def _why(result: CommandResult) -> str:
@@ -154,10 +138,10 @@ class SnapshotGuard:
     """One target's snapshot for one run. `before_change()` is idempotent: only the first call acts.
     Not thread-safe, and needs not be: a target's steps run one after another."""
 
-    def __init__(self, target: Target, policy: SnapshotPolicy, node_for: NodeFor, *,
+    def __init__(self, target: Target, policy: SnapshotPolicy, guest_for: GuestFor, *,
                  event: EventSink | None = None, description: str = "",
                  now: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
-        self.target, self.policy, self.node_for = target, policy, node_for
+        self.target, self.policy, self.guest_for = target, policy, guest_for
         self.event = event or (lambda kind, **fields: None)
         self.description = description
         self.now = now
@@ -165,6 +149,7 @@ class SnapshotGuard:
         self._decided = False
         self._refusal: str | None = None
         self._was_running = True
+        self._guest: Guest | None = None
 
     @property
     def touched(self) -> bool:
@@ -178,40 +163,38 @@ class SnapshotGuard:
             self._refusal = self._take()
         return self._refusal
 
+    def _event(self, kind: str, **fields: Any) -> None:
+        self.event(kind, target=self.target.name, **self.target.guest.to_json(), **fields)
+
     # -- taking ------------------------------------------------------------------------------------------
 
     def _take(self) -> str | None:
-        ctid = self.target.ctid
-        if ctid is None:
-            return self._unavailable("a node is not a container and cannot be snapshotted", storage=True)
         try:
-            node = self.node_for(self.target)
-            self._was_running = self._running(node, ctid)
-            result, name = self._snapshot(node, ctid)
+            guest = self._guest = self.guest_for(self.target)
         except FleetfixError as exc:
-            return self._unavailable(f"pct snapshot: {exc}", storage=False)
+            return self._unavailable(f"snapshot: {exc}", storage=False)
+        if guest.no_snapshots is not None:
+            return self._unavailable(guest.no_snapshots, storage=True)
+        tool = f"{guest.tool} snapshot"
+        try:
+            # Unknown counts as running: the steps run inside the guest, which needs it running.
+            self._was_running = guest.status() != "stopped"
+            result, name = self._snapshot(guest)
+        except FleetfixError as exc:
+            return self._unavailable(f"{tool}: {exc}", storage=False)
         if not result.ok:
-            why = _why(result)
-            return self._unavailable(f"pct snapshot: {why}", storage=NO_SNAPSHOT_FEATURE in result.stderr)
+            return self._unavailable(f"{tool}: {_why(result)}", storage=NO_SNAPSHOT_FEATURE in result.stderr)
         self.outcome.name = name
-        self.event("snapshot", target=self.target.name, ctid=ctid, snapshot=name, ok=True, error=None,
-                   was_running=self._was_running)
+        self._event("snapshot", snapshot=name, ok=True, error=None, was_running=self._was_running)
         if self.policy.keep is not None:
-            self._prune(node, ctid)
+            self._prune(guest)
         return None
 
-    def _running(self, node: Transport, ctid: int) -> bool:
-        """Whether the CT runs now (so a rollback must restart it). Unknown counts as running: the steps
-        run through `pct exec`, which needs a running CT."""
-        status = node.execute(pct_argv("status", ctid), timeout=self.policy.timeout)
-        return not (status.ok and "status: stopped" in status.stdout)
-
-    def _snapshot(self, node: Transport, ctid: int) -> tuple[CommandResult, str]:
+    def _snapshot(self, guest: Guest) -> tuple[CommandResult, str]:
         stamp = self.now()
-        extra = ["--description", self.description] if self.description else []
         for attempt in range(_COLLISION_TRIES):
             name = snapshot_name(stamp, attempt)
-            result = node.execute(pct_argv("snapshot", ctid, name, *extra), timeout=self.policy.timeout)
+            result = guest.snapshot(name, self.description)
             if result.ok or _NAME_TAKEN not in result.stderr:
                 break  # a second run within the same second retries with -1, -2, ...
         return result, name
@@ -221,51 +204,48 @@ class SnapshotGuard:
         self.outcome.unavailable = why
         refuse = not (storage and self.policy.allow_no_snapshot)
         self.outcome.refused = refuse
-        self.event("snapshot", target=self.target.name, ctid=self.target.ctid, snapshot=None, ok=False,
-                   error=why, refused=refuse)
+        self._event("snapshot", snapshot=None, ok=False, error=why, refused=refuse)
         if not refuse:
             return None
         hint = " (--allow-no-snapshot changes it anyway)" if storage else ""
         return f"not changed: no snapshot: {why}{hint}"
 
-    def _prune(self, node: Transport, ctid: int) -> None:
+    def _prune(self, guest: Guest) -> None:
         assert self.policy.keep is not None
         try:
-            listed = node.execute(pct_argv("listsnapshot", ctid), timeout=self.policy.timeout)
+            listed, names = guest.list_snapshots()
             if not listed.ok:
-                self.outcome.warnings.append(f"pct listsnapshot: {_why(listed)}; nothing pruned")
+                self.outcome.warnings.append(f"listing snapshots: {_why(listed)}; nothing pruned")
                 return
-            for old in to_prune(parse_listsnapshot(listed.stdout), self.policy.keep):
+            for old in to_prune(names, self.policy.keep):
                 if old == self.outcome.name:  # pragma: no cover - keep >= 1 keeps the newest
                     continue
-                deleted = node.execute(pct_argv("delsnapshot", ctid, old), timeout=self.policy.timeout)
+                deleted = guest.delete_snapshot(old)
                 if deleted.ok:
                     self.outcome.pruned.append(old)
                 else:
-                    self.outcome.warnings.append(f"pct delsnapshot {old}: {_why(deleted)}")
+                    self.outcome.warnings.append(f"deleting snapshot {old}: {_why(deleted)}")
         except FleetfixError as exc:
             self.outcome.warnings.append(f"pruning snapshots: {exc}")
         if self.outcome.pruned or self.outcome.warnings:
-            self.event("snapshot-prune", target=self.target.name, ctid=ctid, deleted=self.outcome.pruned,
-                       warnings=self.outcome.warnings)
+            self._event("snapshot-prune", deleted=self.outcome.pruned, warnings=self.outcome.warnings)
 
     # -- rolling back ------------------------------------------------------------------------------------
 
     def rollback(self) -> None:
-        """Roll the CT back to the snapshot taken (if any), restarting it when it was running."""
-        name, ctid = self.outcome.name, self.target.ctid
-        if name is None or ctid is None:
+        """Roll the guest back to the snapshot taken (if any), restarting it when it was running."""
+        name, guest = self.outcome.name, self._guest
+        if name is None or guest is None:
             return
-        argv = pct_argv("rollback", ctid, name, *(["--start", "1"] if self._was_running else []))
         started = time.monotonic()
         error: str | None = None
         try:
-            result = self.node_for(self.target).execute(argv, timeout=self.policy.timeout)
+            result = guest.rollback(name, start=self._was_running)
             if not result.ok:
                 error = _why(result)
         except FleetfixError as exc:
             error = str(exc)
         self.outcome.rolled_back = error is None
         self.outcome.rollback_error = error
-        self.event("rollback", target=self.target.name, ctid=ctid, snapshot=name, ok=error is None,
-                   error=error, start=self._was_running, duration=time.monotonic() - started)
+        self._event("rollback", snapshot=name, ok=error is None, error=error, start=self._was_running,
+                    duration=time.monotonic() - started)

@@ -56,7 +56,9 @@ class Term:
         if self.kind == "node":
             return fnmatchcase(target.node.name, self.value)
         if self.kind == "ctid":
-            return target.ctid is not None and self.ctid_low <= target.ctid <= self.ctid_high
+            # PVE ids are one namespace per cluster, containers and VMs alike: the term matches both.
+            guest_id = target.guest.id
+            return guest_id is not None and self.ctid_low <= guest_id <= self.ctid_high
         raise AssertionError(f"unhandled term kind {self.kind!r}")
 
     @property

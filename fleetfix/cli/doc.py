@@ -1,4 +1,4 @@
-"""docs/cli.md, generated from the click commands so it cannot drift: `python -m fleetfix.clidoc`."""
+"""docs/cli.md, generated from the click commands so it cannot drift: `python -m fleetfix.cli.doc`."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from fleetfix.cli import main
 
 HEADER = """# Command-line reference
 
-Generated from the commands themselves by `python -m fleetfix.clidoc > docs/cli.md`; a test fails when
+Generated from the commands themselves by `python -m fleetfix.cli.doc > docs/cli.md`; a test fails when
 this file is stale.
 
 Exit codes: 0 success / healthy, 1 a command or step failed, 2 bad input (inventory, playbook, options),

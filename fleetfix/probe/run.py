@@ -9,9 +9,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from fleetfix.errors import FleetfixError
+from fleetfix.errors import ExitCode, FleetfixError
 from fleetfix.fleet import Fleet, Outcome
 from fleetfix.probe import (
     Facts,
@@ -39,7 +39,7 @@ class TargetReport:
     facts: Facts | None = None
     node: NodeFacts | None = None
     findings: list[Finding] = field(default_factory=list)
-    error: str | None = None
+    error: FleetfixError | None = None
     duration: float = 0.0
 
     @property
@@ -54,10 +54,10 @@ class TargetReport:
         return {
             "target": self.target.name,
             "node": self.target.node.name,
-            "ctid": self.target.ctid,
+            **self.target.guest.to_json(),
             "status": self.status,
             "health": self.worst if self.status == "ok" else self.status,
-            "error": self.error,
+            "error": None if self.error is None else str(self.error),
             "duration": round(self.duration, 3),
             "findings": [finding.model_dump(mode="json") for finding in self.findings],
             "facts": self.facts.model_dump(mode="json") if self.facts else None,
@@ -111,6 +111,33 @@ class _NodeFactsCache:
         return parse_node_facts(result.stdout) if result.ok else None
 
 
+@dataclass
+class ProbeRun:
+    """Every target's report, in input order; knows the exit code it calls for."""
+
+    report_kind: ClassVar[str] = "probe"
+    reports: list[TargetReport]
+
+    @property
+    def exit_code(self) -> ExitCode:
+        if any(report.status != "ok" for report in self.reports):
+            return ExitCode.UNREACHABLE
+        if any(report.worst == "error" for report in self.reports):
+            return ExitCode.FINDINGS
+        return ExitCode.OK
+
+    def summary(self) -> dict[str, int]:
+        """How many targets at each health ("error", "healthy", "unreachable", ...), in first-seen order."""
+        counts: dict[str, int] = {}
+        for report in self.reports:
+            key = report.worst if report.status == "ok" else report.status
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
+    def to_json(self) -> dict[str, Any]:
+        return {"targets": [report.to_json() for report in self.reports], "summary": self.summary()}
+
+
 def probe_targets(
     fleet: Fleet,
     targets: Sequence[Target],
@@ -136,9 +163,7 @@ def probe_targets(
     def from_outcome(outcome: Outcome[TargetReport]) -> TargetReport:
         if outcome.value is not None:
             return outcome.value
-        report = TargetReport(
-            outcome.target, outcome.status, error=str(outcome.error), duration=outcome.duration
-        )
+        report = TargetReport(outcome.target, outcome.status, error=outcome.error, duration=outcome.duration)
         if on_done:
             on_done(report)
         return report

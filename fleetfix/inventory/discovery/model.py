@@ -1,7 +1,7 @@
 """Proxmox discovery: list a cluster's LXC containers and turn the running ones into Targets.
 
 A source is either the PVE API over HTTPS with an API token (proxmoxer), or `pvesh` run on one node over
-fleetfix's own SSH transport (see discovery_clients for why not proxmoxer's SSH backend). Either way the
+fleetfix's own SSH transport (see discovery.clients for why not proxmoxer's SSH backend). Either way the
 source yields a `Listing` (containers + node addresses), which may be cached, and `targets_from_listing`
 maps it through the filter to a `DiscoveryResult`: targets, and the containers skipped with a reason
 (stopped, a template, no address) - a stopped container is information, not a failure.
@@ -16,19 +16,17 @@ error, the cache or a log line.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
-import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, Literal
 
 from fleetfix.errors import DiscoveryError, InventoryError
-from fleetfix.target import NodeRef, SSHSettings, Target
+from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 
 # The inventory's name pattern (inventory._NAME; a unit test keeps the two equal): hostname-like and free
 # of the pattern language's `, ! : * ? [ /`, so a discovered name can never be read as a pattern.
@@ -313,7 +311,7 @@ def targets_from_listing(source: ProxmoxSource, listing: Listing) -> DiscoveryRe
                 tags.add(tag)
             else:
                 result.warnings.append(f"{source.label}: {name}: dropped tag {_shown(tag)} (not a safe name)")
-        result.targets.append(Target(name=name, node=ref, ctid=ct.vmid, tags=frozenset(tags),
+        result.targets.append(Target(name=name, node=ref, guest=GuestRef.lxc(ct.vmid), tags=frozenset(tags),
                                      source=source.label))
     return result
 
@@ -343,156 +341,3 @@ def _target_name(ct: PveContainer, fallback: str, counts: Mapping[str, int], war
         warnings.append(f"{fallback}: PVE name {ct.name!r} is used by several containers; using {fallback!r}")
         return fallback
     return ct.name
-
-
-# --- the cache -------------------------------------------------------------------------------------------
-
-
-def cache_path(state_dir: Path, source: ProxmoxSource) -> Path:
-    return state_dir / "discovery" / f"{source.name}.json"
-
-
-def read_cache(path: Path, source: ProxmoxSource, *, now: float) -> Listing | None:
-    """The cached listing if it is for this endpoint and younger than the TTL; anything odd is a miss."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
-        return None
-    if data.get("fingerprint") != source.fingerprint():
-        return None
-    fetched_at = data.get("fetched_at")
-    if not isinstance(fetched_at, int | float) or not 0 <= now - fetched_at < source.cache_ttl:
-        return None
-    addresses = data.get("node_addresses")
-    if not isinstance(addresses, dict) or not all(isinstance(v, str) for v in addresses.values()):
-        return None
-    try:
-        listing = listing_from_records(data.get("containers"), lxc_only=False)
-    except DiscoveryError:
-        return None
-    return replace(listing, node_addresses=addresses, fetched_at=float(fetched_at))
-
-
-def write_cache(path: Path, source: ProxmoxSource, listing: Listing) -> None:
-    """Best effort: a cache that cannot be written only costs the next run an API call."""
-    data = {
-        "version": CACHE_VERSION,
-        "fingerprint": source.fingerprint(),
-        "fetched_at": listing.fetched_at,
-        "node_addresses": dict(listing.node_addresses),
-        "containers": [
-            {"vmid": ct.vmid, "node": ct.node, "name": ct.name, "status": ct.status,
-             "tags": list(ct.tags), "template": int(ct.template)}
-            for ct in listing.containers
-        ],
-    }
-    try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        temporary = path.with_suffix(".tmp")
-        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-            json.dump(data, out)
-        os.replace(temporary, path)
-    except OSError:
-        pass
-
-
-# --- orchestration ---------------------------------------------------------------------------------------
-
-# Fetches a source's listing. The default is discovery_clients.fetch_listing; tests pass fakes.
-Fetcher = Callable[[ProxmoxSource], Listing]
-
-
-@dataclass
-class Discoverer:
-    """Discovers sources: from the cache when fresh (and not `refresh`), else from the source.
-
-    Call it with a ProxmoxSource; `fleetfix.inventory.load_inventory(path, discover=...)` does that for
-    every `proxmox:` entry."""
-
-    refresh: bool = False  # ignore the cache (it is still written)
-    state_dir: Path | None = None  # None: fleetfix's state dir ($FLEETFIX_STATE_DIR, ~/.local/state/...)
-    fetch: Fetcher | None = None
-    now: Callable[[], float] = time.time
-
-    def __call__(self, source: ProxmoxSource) -> DiscoveryResult:
-        return self.discover(source)
-
-    def discover(self, source: ProxmoxSource) -> DiscoveryResult:
-        path = cache_path(self._state_dir(), source) if source.cache_ttl > 0 else None
-        listing = None
-        if path is not None and not self.refresh:
-            listing = read_cache(path, source, now=self.now())
-        from_cache = listing is not None
-        if listing is None:
-            listing = replace(self._fetch(source), fetched_at=self.now())
-            if path is not None:
-                write_cache(path, source, listing)
-        result = targets_from_listing(source, listing)
-        result.from_cache = from_cache
-        result.warnings[:0] = _source_warnings(source, listing)
-        return result
-
-    def discover_all(self, sources: Iterable[ProxmoxSource]) -> list[DiscoveryResult]:
-        return [self.discover(source) for source in sources]
-
-    def _fetch(self, source: ProxmoxSource) -> Listing:
-        if self.fetch is not None:
-            return self.fetch(source)
-        # Deferred: requests and proxmoxer are slow to import, and unused without proxmox sources.
-        from fleetfix.discovery_clients import fetch_listing
-
-        return fetch_listing(source)
-
-    def _state_dir(self) -> Path:
-        if self.state_dir is not None:
-            return self.state_dir
-        env = os.environ
-        if env.get("FLEETFIX_STATE_DIR"):
-            return Path(env["FLEETFIX_STATE_DIR"])
-        if env.get("XDG_STATE_HOME"):
-            return Path(env["XDG_STATE_HOME"]) / "fleetfix"
-        return Path(env.get("HOME") or Path.home()) / ".local" / "state" / "fleetfix"
-
-
-def _source_warnings(source: ProxmoxSource, listing: Listing) -> list[str]:
-    warnings = []
-    if source.api is not None and not source.api.verify_tls:
-        warnings.append(f"{source.label}: TLS verification is OFF (verify_tls: false): anyone on the path "
-                        "to the API can impersonate it and read the token")
-    if source.api is not None:
-        mode = source.api.secret.loose_permissions()
-        if mode is not None:
-            warnings.append(f"{source.label}: token_secret_file {source.api.secret.file} is readable by "
-                            f"group or others (mode {mode:04o}); chmod 600 it")
-    if not listing.containers and source.api is not None:
-        warnings.append(f"{source.label}: the token sees no containers (a privilege-separated token needs "
-                        "its own permissions, e.g. the PVEAuditor role on /)")
-    return warnings
-
-
-def discover(
-    source: ProxmoxSource, *, refresh: bool = False, state_dir: Path | None = None,
-) -> DiscoveryResult:
-    """Discover one source with the real clients (and the cache when the source enables it)."""
-    return Discoverer(refresh=refresh, state_dir=state_dir).discover(source)
-
-
-__all__ = [
-    "SAFE_NAME",
-    "ApiAccess",
-    "ContainerFilter",
-    "Discoverer",
-    "DiscoveryResult",
-    "Listing",
-    "ProxmoxSource",
-    "PveContainer",
-    "SshAccess",
-    "TokenSecret",
-    "cache_path",
-    "discover",
-    "listing_from_records",
-    "parse_tags",
-    "targets_from_listing",
-]

@@ -1,4 +1,5 @@
-"""A container as a target: `pct exec CTID -- env -i <clean env> argv...` over the node's existing connection.
+"""An LXC container as a guest: `pct exec CTID -- env -i <clean env> argv...` over the node's connection,
+and `pct snapshot`/`rollback` on the node (`base.ProxmoxGuest`).
 
 Real `pct exec` keeps the caller's environment (`--keep-env` defaults to 1) and forces PATH to
 /sbin:/bin:/usr/sbin:/usr/bin, so the command runs under `env -i` with an explicit, complete environment.
@@ -21,8 +22,10 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Sequence
+from typing import ClassVar
 
-from fleetfix.errors import ContainerError
+from fleetfix.errors import GuestError
+from fleetfix.guests.base import ProxmoxGuest
 from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
@@ -43,7 +46,7 @@ def pct_exec_argv(ctid: int, argv: Sequence[str], timeout: float | None = None) 
     return ("pct", "exec", str(ctid), "--", "env", "-i", *CONTAINER_ENV, *inner)
 
 
-def container_error(result: CommandResult, ctid: int, node: str) -> ContainerError | None:
+def container_error(result: CommandResult, ctid: int, node: str) -> GuestError | None:
     """pct's own refusal to run the command, or None when the command itself ran (see the module doc)."""
     if result.exit_code == 0 or result.timed_out or result.stdout:
         return None
@@ -55,9 +58,9 @@ def container_error(result: CommandResult, ctid: int, node: str) -> ContainerErr
     for line in result.stderr.splitlines():
         line = line.strip()
         if any(pattern.fullmatch(line) for pattern in stopped):
-            return ContainerError(f"CT {ctid} on {node} is stopped")
+            return GuestError(f"CT {ctid} on {node} is stopped")
         if missing.fullmatch(line):
-            return ContainerError(f"CT {ctid} does not exist on {node}")
+            return GuestError(f"CT {ctid} does not exist on {node}")
     return None
 
 
@@ -76,7 +79,7 @@ class PctTransport:
         self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
-        """Raises ContainerError when the CT is stopped or missing; otherwise the command's own result.
+        """Raises GuestError when the CT is stopped or missing; otherwise the command's own result.
         on_output sees the node's stream as is (pct's own errors included, when the CT is not running)."""
         if not argv:
             raise ValueError("empty argv")
@@ -84,12 +87,7 @@ class PctTransport:
         # command's process group there; the node's own watchdog is only the backstop.
         node_timeout = None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
         node_argv = pct_exec_argv(self.ctid, argv, timeout)
-        if on_output is None:  # the plain call: node connections written before streaming keep working
-            result = self.connection.execute(node_argv, stdin=stdin, timeout=node_timeout)
-        else:
-            result = self.connection.execute(
-                node_argv, stdin=stdin, timeout=node_timeout, on_output=on_output
-            )
+        result = self.connection.execute(node_argv, stdin=stdin, timeout=node_timeout, on_output=on_output)
         error = container_error(result, self.ctid, self.node_name)
         if error is not None:
             raise error
@@ -101,3 +99,11 @@ class PctTransport:
         if timeout is not None and not result.timed_out and fired and signalled:
             return dataclasses.replace(result, exit_code=TIMEOUT_EXIT_CODE, timed_out=True)
         return result
+
+
+class LxcGuest(ProxmoxGuest):
+    kind: ClassVar[str] = "lxc"
+    tool: ClassVar[str] = "pct"
+
+    def transport(self) -> Transport:
+        return PctTransport(self.node, self.id, node_name=self.target.node.name, label=self.target.name)

@@ -19,8 +19,8 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from fleetfix.discovery import Listing, ProxmoxSource, listing_from_records
 from fleetfix.errors import DiscoveryError, FleetfixError
+from fleetfix.inventory.discovery.model import Listing, ProxmoxSource, listing_from_records
 from fleetfix.target import Target
 
 # Makes a proxmoxer-like client: `api(path).get(**params)` returns the decoded `data`.

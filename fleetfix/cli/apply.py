@@ -1,0 +1,89 @@
+"""`fleetfix apply`, and the one way a playbook is rolled out (also for `audit --remediate`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import click
+
+from fleetfix.cli.common import (
+    ReportChoice,
+    RolloutOptions,
+    handle_errors,
+    local_option,
+    report_options,
+    resolve,
+    rollout_options,
+    targeting_options,
+    verbose,
+)
+from fleetfix.errors import ExitCode
+from fleetfix.inventory.request import TargetRequest
+
+if TYPE_CHECKING:
+    from fleetfix.fleet import Fleet
+    from fleetfix.playbook import Playbook, PlaybookRun
+    from fleetfix.target import Target
+
+
+def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollout: RolloutOptions, *,
+             show_steps: bool, live_output: bool) -> PlaybookRun:
+    """Run the playbook on targets as `fleetfix apply` does: recorded, secrets masked in everything shown,
+    each step printed as it ends (show_steps), scripts' output streamed (live_output)."""
+    from fleetfix.cli.live import LiveOutput, step_printer
+    from fleetfix.playbook import RunRecorder, run_playbook
+    from fleetfix.probe.run import gather_facts
+    from fleetfix.secrets import Redactor
+
+    redactor = Redactor()  # secret-named vars: masked in everything printed, live lines included
+    live = LiveOutput(redact=redactor.text) if live_output else None
+    with RunRecorder(rollout.records_dir()) as recorder:
+        run = run_playbook(
+            playbook, targets, fleet_map=fleet.map,
+            facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
+            vars=rollout.variables(), check=rollout.check, recorder=recorder, serial=rollout.serial,
+            max_fail_pct=rollout.max_fail,
+            on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
+            on_output=None if live is None else live.on_output,
+            snapshots=rollout.snapshot_policy(), guest_for=fleet.guest, redactor=redactor,
+        )
+    if live is not None:
+        live.flush()
+    return run
+
+
+@click.command("apply")
+@click.argument("playbook_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False))
+@targeting_options
+@local_option
+@rollout_options()
+@report_options("apply")
+@handle_errors
+def apply_command(playbook_path: str, rollout: RolloutOptions, report: ReportChoice, targets: TargetRequest,
+                  forks: int) -> ExitCode:
+    """Apply a playbook to targets: ordered, idempotent steps; a recap per target at the end.
+
+    With --snapshot (or `snapshot: true` in the playbook) each container or VM is snapshotted on its
+    node right before its first change; see docs/snapshots.md.
+
+    \b
+    Examples:
+      fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --check
+      fleetfix apply playbooks/cuda-toolkit.yaml --local --check
+      fleetfix apply playbooks/cuda-toolkit.yaml --host 10.1.2.6 --ct 200 \\
+          --var cuda_repo_base=http://mirror.internal/compute/cuda/repos
+      fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --snapshot --rollback-on-failure
+    """
+    from fleetfix.fleet import Fleet
+    from fleetfix.playbook import load_playbook
+
+    targets.check()  # a usage error first, before any file is read
+    playbook = load_playbook(playbook_path)
+    rollout.variables()  # a bad --var fails before anything is resolved or probed
+    resolved = resolve(targets).targets
+    with Fleet(forks=forks) as fleet:
+        run = roll_out(playbook, resolved, fleet, rollout, show_steps=not report.as_json,
+                       live_output=verbose() and not report.as_json)
+    report.emit(run)
+    return run.exit_code

@@ -1,0 +1,148 @@
+"""`fleetfix audit`: probe the fleet, judge it by a policy, record it in the history, report drift.
+
+Exit codes (also in docs/audit.md): 0 healthy; 3 error-severity findings; 4 a target unreachable or not
+probed (wins over 3); 2 bad input (policy, options); 1 anything else failed.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from fleetfix.cli.apply import roll_out
+from fleetfix.cli.common import (
+    ReportChoice,
+    RolloutOptions,
+    handle_errors,
+    report_options,
+    resolve,
+    rollout_options,
+    targeting_options,
+)
+from fleetfix.errors import ConfigError, ExitCode
+from fleetfix.inventory.request import TargetRequest
+
+if TYPE_CHECKING:
+    from fleetfix.audit import AuditStore
+
+DB_HELP = "History database (default: $FLEETFIX_AUDIT_DB, else <state dir>/audit.db)."
+_DB = click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
+
+
+def _store(db: str | None) -> AuditStore:
+    from fleetfix.audit import AuditStore, default_db_path
+
+    return AuditStore(db or default_db_path())
+
+
+# The usage line says so explicitly: the subcommand is optional (click releases disagree on what to infer).
+@click.group("audit", invoke_without_command=True, subcommand_metavar="[COMMAND] [ARGS]...")
+@targeting_options
+@click.option("--policy", "policy_path", type=click.Path(dir_okay=False), default=None,
+              help="Policy YAML (default: the built-in policy; see docs/audit.md).")
+@_DB
+@click.option("--deep", is_flag=True, help="Also import torch and the extensions (slower, touches the GPU).")
+@report_options("audit")
+@click.option("--remediate", "remediate_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False),
+              default=None, help="After the audit, apply PLAYBOOK to the targets with error findings and "
+                                 "re-probe them (recorded as a second run).")
+@rollout_options(help_prefix="With --remediate: ")
+@click.pass_context
+@handle_errors
+def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, deep: bool,
+                report: ReportChoice, remediate_path: str | None, rollout: RolloutOptions,
+                targets: TargetRequest, forks: int) -> ExitCode | None:
+    """Probe the fleet, judge it by a policy, record it, and report what changed since the last run.
+
+    \b
+    Exit codes: 0 healthy, 3 error findings, 4 unreachable targets, 2 bad input.
+    Examples:
+      fleetfix audit -i inventory.yaml --policy policy.yaml --prometheus /var/lib/prometheus/fleetfix.prom
+      fleetfix audit -i inventory.yaml --remediate playbooks/cuda-toolkit.yaml --check
+      fleetfix audit history
+      fleetfix audit show last --html report.html
+      fleetfix audit diff 41 42
+    """
+    if ctx.invoked_subcommand is not None:
+        return None
+    from fleetfix.audit import RemediatedAudit, load_policy, remediate_audit, run_audit
+    from fleetfix.cli.live import ProbeProgress
+    from fleetfix.fleet import Fleet
+    from fleetfix.playbook import load_playbook
+
+    if remediate_path is None and rollout.given():
+        raise ConfigError(f"{', '.join(rollout.given())}: these apply options need --remediate PLAYBOOK")
+    policy = load_policy(policy_path)
+    # Load the playbook and vars before probing anything: a typo fails now, not after the audit.
+    playbook = load_playbook(remediate_path) if remediate_path else None
+    variables = rollout.variables()
+    resolved = resolve(targets).targets
+    args = {"limit": targets.limit, "inventory": targets.inventory, "host": targets.host,
+            "targets": len(resolved)}
+    if remediate_path:
+        args.update(remediate=remediate_path, check=rollout.check)
+    with _store(db) as store, Fleet(forks=forks) as fleet:
+        with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
+            run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
+                            on_progress=progress.advance, args=args)
+        if playbook is None or remediate_path is None:
+            report.emit(run)
+            return run.exit_code
+        # Steps stream on a terminal (like the probe's progress); cron and --json stay quiet.
+        show_steps = sys.stdout.isatty() and not report.as_json
+        final = remediate_audit(
+            run, resolved, playbook=remediate_path, check=rollout.check, fleet=fleet, policy=policy,
+            store=store, vars=variables, deep=deep,
+            apply=lambda chosen: roll_out(playbook, chosen, fleet, rollout, show_steps=show_steps,
+                                          live_output=False),
+        )
+    result = run if final is run else RemediatedAudit(run, final)
+    report.emit(result)
+    return result.exit_code
+
+
+@audit_group.command("history")
+@_DB
+@click.option("-n", "--last", "count", type=click.IntRange(1), default=20, show_default=True,
+              help="How many runs.")
+@report_options("audit-history")
+@handle_errors
+def audit_history(db: str | None, count: int, report: ReportChoice) -> None:
+    """List recorded audit runs, newest first."""
+    from fleetfix.audit import AuditHistory
+
+    with _store(db) as store:
+        history = AuditHistory(store.runs(limit=count))
+    report.emit(history)
+
+
+@audit_group.command("show")
+@click.argument("run_ref", metavar="RUN")
+@_DB
+@report_options("audit")
+@click.option("--verbose-findings", is_flag=True, help="Also list info findings.")
+@handle_errors
+def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findings: bool) -> None:
+    """Re-render a recorded run (a number, or `last`), with its drift against the run before it."""
+    from fleetfix.audit import load_audit
+
+    with _store(db) as store:
+        run = load_audit(store, store.resolve(run_ref))
+    report.emit(run, verbose=verbose_findings)
+
+
+@audit_group.command("diff")
+@click.argument("old_ref", metavar="RUN1")
+@click.argument("new_ref", metavar="RUN2")
+@_DB
+@report_options("audit-diff")
+@handle_errors
+def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice) -> None:
+    """What changed from RUN1 to RUN2: findings new / resolved, targets appeared / vanished / unreachable."""
+    from fleetfix.audit.drift import compute_drift
+
+    with _store(db) as store:
+        old, new = store.load(store.resolve(old_ref)), store.load(store.resolve(new_ref))
+    report.emit(compute_drift(old, new))

@@ -1,0 +1,341 @@
+"""What every command shares: option groups that arrive as typed objects, report options from the report
+registry, one-line errors with their exit codes, and Ctrl-C handling.
+
+Option groups are declared once and interpreted once (the objects' methods), so commands cannot drift
+apart in names or meaning. Heavy modules (paramiko, pydantic models, the probe) are imported inside the
+commands, never here: `fleetfix --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+import click
+
+from fleetfix.errors import ConfigError, ExitCode, FleetfixError
+from fleetfix.inventory.request import TargetRequest
+from fleetfix.reports import TEXT, ReportFormat, formats_for, write_report
+
+if TYPE_CHECKING:
+    from fleetfix.inventory.resolve import Resolution
+    from fleetfix.playbook.snapshots import SnapshotPolicy
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# fleet.DEFAULT_FORKS, spelled out: importing fleetfix.fleet here would slow down `--help`.
+DEFAULT_FORKS = 32
+
+
+def _decorate(func: F, options: Sequence[Callable[[F], F]]) -> F:
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _collect(names: Sequence[str], kwargs: dict[str, Any]) -> dict[str, Any]:
+    return {name: kwargs.pop(name) for name in names}
+
+
+# --- targeting ---------------------------------------------------------------------------------------
+
+_TARGET_FIELDS = [f.name for f in fields(TargetRequest) if f.name != "local"]
+
+
+def targeting_options(func: F) -> F:
+    """The options every fleet command shares; the command receives `targets: TargetRequest` and
+    `forks: int`."""
+    options: list[Callable[[F], F]] = [
+        click.option("-i", "--inventory", metavar="FILE",
+                     help="Inventory YAML (default: $FLEETFIX_INVENTORY, else ./inventory.yaml)."),
+        click.option("-l", "--limit", metavar="PATTERN",
+                     help="Select targets: name, glob, group, tag:T, node:N; '!' excludes; comma-separated."),
+        click.option("--host", metavar="ADDR", help="Ad-hoc node address instead of an inventory."),
+        click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True,
+                     help="SSH port (with --host)."),
+        click.option("--user", default="root", show_default=True, help="SSH user (with --host)."),
+        click.option("--identity", metavar="FILE", help="SSH private key (with --host)."),
+        click.option("--known-hosts", metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)."),
+        click.option("--accept-new", is_flag=True,
+                     help="Record unknown host keys (never accepts a changed key)."),
+        click.option("--ct", "ctids", type=click.IntRange(1, 999_999_999), multiple=True, metavar="CTID",
+                     help="Container on --host (repeatable). Without it, the node itself."),
+        click.option("--connect-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True,
+                     help="Seconds to wait for an SSH connection."),
+        click.option("--forks", type=click.IntRange(1, 1000), default=DEFAULT_FORKS, show_default=True,
+                     help="Nodes worked on at once."),
+        click.option("--refresh", is_flag=True, help="Bypass the Proxmox discovery cache."),
+    ]
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        values = _collect(_TARGET_FIELDS, kwargs)
+        values["local"] = kwargs.pop("local", False)
+        return func(*args, targets=TargetRequest(**values), **kwargs)
+
+    return _decorate(cast(F, wrapper), options)
+
+
+def local_option(func: F) -> F:
+    """`--local`: this machine as the one target, no SSH (probe, exec, apply). Goes above
+    targeting_options, which puts it into the TargetRequest."""
+    return click.option("--local", is_flag=True,
+                        help="Act on this machine, no SSH (not with -i/--inventory or --host).")(func)
+
+
+def resolve(request: TargetRequest) -> Resolution:
+    """The command's targets; discovery's warnings are shown on stderr."""
+    from fleetfix.inventory.resolve import resolve_targets
+
+    resolution = resolve_targets(request)
+    for warning in resolution.warnings:
+        click.echo(f"fleetfix: warning: {warning}", err=True)
+    return resolution
+
+
+# --- rollout (apply, audit --remediate) ---------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RolloutOptions:
+    """How a playbook is rolled out: the options `apply` and `audit --remediate` share."""
+
+    var_items: tuple[str, ...] = ()
+    check: bool = False
+    serial: int | None = None
+    max_fail: float | None = None
+    state_dir: str | None = None
+    snapshot: bool = False
+    rollback_on_failure: bool = False
+    keep_snapshots: int | None = None
+    allow_no_snapshot: bool = False
+
+    def given(self) -> list[str]:
+        """The options set on the command line, by their option names (for error messages)."""
+        return [_ROLLOUT_FLAGS[f.name] for f in fields(self) if _is_set(getattr(self, f.name))]
+
+    def variables(self) -> dict[str, str]:
+        return parse_var(self.var_items)
+
+    def snapshot_policy(self) -> SnapshotPolicy:
+        from fleetfix.playbook.snapshots import SnapshotPolicy
+
+        return SnapshotPolicy(
+            take=self.snapshot or self.rollback_on_failure or self.keep_snapshots is not None,
+            rollback_on_failure=self.rollback_on_failure, keep=self.keep_snapshots,
+            allow_no_snapshot=self.allow_no_snapshot,
+        )
+
+    def records_dir(self) -> str | Path:
+        from fleetfix.paths import default_state_dir
+
+        return self.state_dir or default_state_dir()
+
+
+def _is_set(value: object) -> bool:
+    # Not `value in (None, False, ())`: --max-fail 0 is set, and 0.0 == False.
+    return value is not None and value is not False and value != ()
+
+
+_ROLLOUT_FLAGS = {
+    "var_items": "--var", "check": "--check", "serial": "--serial", "max_fail": "--max-fail",
+    "state_dir": "--state-dir", "snapshot": "--snapshot", "rollback_on_failure": "--rollback-on-failure",
+    "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
+}
+
+
+def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
+    def text(help_text: str) -> str:  # "With --remediate: set a ..." reads as one sentence
+        return help_prefix + help_text[0].lower() + help_text[1:] if help_prefix else help_text
+
+    return [
+        click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
+                     help=text("Set a playbook var (repeatable).")),
+        click.option("--check", is_flag=True,
+                     help=text("Run only `when` and `check`: report what would change, change nothing.")),
+        click.option("--serial", type=click.IntRange(1), default=None,
+                     help=text("Roll out in batches of N targets.")),
+        click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
+                     help=text("Stop starting new batches once more than PCT% of targets failed.")),
+        click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                     help=text("Where run records go (default: $FLEETFIX_STATE_DIR or "
+                               "~/.local/state/fleetfix).")),
+        click.option("--snapshot", is_flag=True,
+                     help=text("Snapshot each guest (`pct`/`qm snapshot`) before its first change (never in "
+                               "--check mode).")),
+        click.option("--rollback-on-failure", is_flag=True,
+                     help=text("Roll back a guest whose apply failed (implies --snapshot).")),
+        click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
+                     help=text("Keep only the N newest fleetfix-* snapshots per guest (implies "
+                               "--snapshot).")),
+        click.option("--allow-no-snapshot", is_flag=True,
+                     help=text("Change guests whose storage cannot snapshot (and nodes) anyway.")),
+    ]
+
+
+def rollout_options(help_prefix: str = "") -> Callable[[F], F]:
+    """Add the rollout options to a command; it receives them as one `rollout: RolloutOptions` argument.
+    help_prefix (e.g. "With --remediate: ") is put in front of every help text."""
+
+    def decorate(func: F) -> F:
+        names = [f.name for f in fields(RolloutOptions)]
+
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, rollout=RolloutOptions(**_collect(names, kwargs)), **kwargs)
+
+        return _decorate(cast(F, wrapper), _rollout_click_options(help_prefix))
+
+    return decorate
+
+
+def parse_var(values: Sequence[str]) -> dict[str, str]:
+    """--var k=v, kept as strings (YAML would read 12.10 as the float 12.1)."""
+    parsed: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise ConfigError(f"--var {item!r}: expected NAME=VALUE with NAME a plain identifier")
+        parsed[key.strip()] = value
+    return parsed
+
+
+# --- reports -----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ReportChoice:
+    """Where a command's report goes: one format on stdout, and any file formats to their files."""
+
+    stdout: ReportFormat = TEXT
+    files: tuple[tuple[ReportFormat, str], ...] = ()
+
+    @property
+    def as_json(self) -> bool:
+        """Machine-readable stdout: live output and progress bars stay off."""
+        return self.stdout.name != "text"
+
+    def emit(self, run: Any, **options: Any) -> None:
+        """Write the file reports, then print the stdout report."""
+        for report_format, path in self.files:
+            write_report(path, report_format.render(run, **options))
+        sys.stdout.write(self.stdout.render(run, **options))
+        sys.stdout.flush()
+
+
+def report_options(kind: str) -> Callable[[F], F]:
+    """The report options of a command producing runs of `kind`, one per registered format that renders
+    it (`--json`, `--html FILE`, ...); the command receives `report: ReportChoice`."""
+    formats = [f for f in formats_for(kind) if f is not TEXT]
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            chosen = [(f, kwargs.pop(f"report_{f.name}")) for f in formats]
+            stdout = next((f for f, value in chosen if value and not f.to_file), TEXT)
+            files = tuple((f, str(value)) for f, value in chosen if value and f.to_file)
+            return func(*args, report=ReportChoice(stdout, files), **kwargs)
+
+        options = [
+            click.option(f"--{f.name}", f"report_{f.name}", type=click.Path(dir_okay=False), default=None,
+                         help=f.help) if f.to_file
+            else click.option(f"--{f.name}", f"report_{f.name}", is_flag=True, help=f.help)
+            for f in formats
+        ]
+        return _decorate(cast(F, wrapper), options)
+
+    return decorate
+
+
+# --- errors and interrupts ---------------------------------------------------------------------------
+
+def verbose() -> bool:
+    """Whether the root command got -v."""
+    return bool(click.get_current_context().find_root().params.get("verbose"))
+
+
+class InterruptState:
+    """How many Ctrl-Cs (SIGINT) arrived while a command ran."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    @property
+    def interrupted(self) -> bool:
+        return self.count > 0
+
+
+def _say(message: str) -> None:
+    # os.write, not click.echo: this runs in a signal handler, possibly in the middle of another write to
+    # a buffered stream, which Python refuses to re-enter.
+    os.write(2, (message + "\n").encode())
+
+
+@contextlib.contextmanager
+def graceful_interrupts() -> Iterator[InterruptState]:
+    """Ctrl-C while a command runs.
+
+    First: if a Fleet is working, it starts no more targets and lets the ones in flight finish (or time
+    out), so the command still writes its records and prints its recap; the command then exits 130. With
+    no Fleet open there is nothing to finish: KeyboardInterrupt, exit 130.
+    Second: abort at once (os._exit). Records stay consistent without any clean-up: run records are
+    append-only and fsync'ed per event, and audit results are one SQLite transaction each, so a run
+    without its end event reads back as incomplete.
+    """
+    state = InterruptState()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield state
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        state.count += 1
+        if state.count > 1:
+            _say("fleetfix: aborted (second Ctrl-C)")
+            os._exit(ExitCode.INTERRUPTED)
+        fleet_module = sys.modules.get("fleetfix.fleet")  # not imported: no Fleet can be working
+        if fleet_module is not None and fleet_module.interrupt_all():
+            _say("fleetfix: interrupted: starting no new targets, waiting for the ones in flight "
+                 "(Ctrl-C again to abort now)")
+            return
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield state
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def handle_errors(func: F) -> F:
+    """Expected failures become one line on stderr (with the error's hint) and their exit code; -v keeps
+    the traceback. A command returns its run's ExitCode, which becomes the process's. Ctrl-C is handled
+    as `graceful_interrupts` says: exit 130 once the command has wrapped up."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with graceful_interrupts() as interrupts:
+            try:
+                code = func(*args, **kwargs)
+            except FleetfixError as exc:
+                if verbose():
+                    raise
+                click.echo(f"fleetfix: error: {exc.with_hint()}", err=True)
+                sys.exit(ExitCode.INTERRUPTED if interrupts.interrupted else exc.exit_code)
+            except KeyboardInterrupt:
+                click.echo("fleetfix: interrupted", err=True)
+                sys.exit(ExitCode.INTERRUPTED)
+            if interrupts.interrupted:  # the command wrapped up after a Ctrl-C: say so in the exit code
+                click.echo("fleetfix: interrupted", err=True)
+                sys.exit(ExitCode.INTERRUPTED)
+            if code:
+                sys.exit(int(code))
+            return None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,71 @@
+"""`fleetfix exec`: a command on every target, stdout per target at the end, stderr live."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from fleetfix.cli.common import (
+    ReportChoice,
+    handle_errors,
+    local_option,
+    report_options,
+    resolve,
+    targeting_options,
+)
+from fleetfix.errors import ExitCode
+from fleetfix.inventory.request import TargetRequest
+
+if TYPE_CHECKING:
+    from fleetfix.target import Target
+    from fleetfix.transport.base import OutputSink
+
+
+@click.command("exec", context_settings={"ignore_unknown_options": True})
+@targeting_options
+@local_option
+@click.option("--timeout", type=click.FloatRange(0.1), default=None, help="Per-target command timeout (s).")
+@report_options("exec")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@handle_errors
+def exec_command(command: tuple[str, ...], timeout: float | None, report: ReportChoice,
+                 targets: TargetRequest, forks: int) -> ExitCode:
+    """Run a command on targets; its arguments reach the remote side verbatim.
+
+    Each target's stdout is printed when it finishes, under a `== TARGET exit N` line; its stderr goes
+    to stderr as it arrives (as `TARGET ! line` when there are several targets), with secret-named vars
+    masked. Pipe stdout, watch stderr.
+
+    \b
+    Examples:
+      fleetfix exec --host 10.1.2.6 --ct 200 -- cat /etc/os-release
+      fleetfix exec --local -- nvcc --version
+    """
+    from fleetfix.cli.live import LiveOutput
+    from fleetfix.command import run_command
+    from fleetfix.fleet import Fleet
+    from fleetfix.reports.console import err_console
+    from fleetfix.secrets import Redactor, secret_values
+
+    resolved = resolve(targets).targets
+    # --json carries stderr in its records: streaming it as well would only print it twice.
+    live: LiveOutput | None = None
+    if not report.as_json:
+        redactor = Redactor()
+        for target in resolved:
+            redactor.add(secret_values(target.vars))
+        # One target: its stderr lines as the command wrote them (as over plain ssh); several: labelled.
+        live = LiveOutput(err_console, redact=redactor.text, labelled=len(resolved) > 1)
+
+    def sink_for(target: Target) -> OutputSink | None:
+        return None if live is None else live.sink_for(target.name, streams=("stderr",))
+
+    def done(target: Target) -> None:
+        if live is not None:
+            live.flush(target.name)  # a last line without its newline
+
+    with Fleet(forks=forks) as fleet:
+        run = run_command(fleet, resolved, command, timeout=timeout, sink_for=sink_for, done=done)
+    report.emit(run)
+    return run.exit_code

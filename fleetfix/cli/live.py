@@ -1,0 +1,124 @@
+"""What a command shows while it runs: live output of scripts, a progress bar, each step as it ends."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
+
+from fleetfix.reports.console import STATUS_STYLE, console, err_console
+from fleetfix.target import Target
+from fleetfix.transport.base import OutputSink, Stream
+
+if TYPE_CHECKING:
+    from fleetfix.probe.run import TargetReport
+
+
+class ProbeProgress:
+    """A progress bar on stderr while targets are probed; silent off a TTY or for --json."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._progress: Progress | None = None
+        if enabled and total > 1 and err_console.is_terminal:
+            self._progress = Progress(
+                TextColumn("probing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.description}"), console=err_console, transient=True,
+            )
+            self._task = self._progress.add_task("", total=total)
+
+    def __enter__(self) -> ProbeProgress:
+        if self._progress:
+            self._progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress:
+            self._progress.stop()
+
+    def advance(self, report: TargetReport) -> None:
+        if self._progress:
+            self._progress.update(self._task, advance=1, description=report.target.name)
+
+
+class LiveOutput:
+    """Scripts' output as it arrives, `target | line` (stderr: `target ! line`), from many targets at once.
+
+    Chunks are cut anywhere, so each (target, stream) keeps its unfinished line until its newline comes:
+    lines of different targets never interleave mid-line. `flush` prints what is left. Thread-safe.
+    labelled=False prints the lines as the command wrote them (one target: nothing to tell apart).
+    """
+
+    def __init__(
+        self, out: Console | None = None, *, redact: Callable[[str], str] | None = None, labelled: bool = True
+    ) -> None:
+        self._labelled = labelled
+        self._console = out or console
+        self._redact = redact or (lambda text: text)  # secret vars never reach the terminal
+        self._lock = threading.Lock()  # one lock for buffers and printing: lines come out whole, in order
+        self._partial: dict[tuple[str, Stream], bytes] = {}
+
+    def feed(self, name: str, stream: Stream, chunk: bytes) -> None:
+        with self._lock:
+            *lines, rest = (self._partial.pop((name, stream), b"") + chunk).split(b"\n")
+            if rest:
+                self._partial[(name, stream)] = rest
+            for line in lines:
+                self._print(name, stream, line)
+
+    def sink_for(self, name: str, *, streams: Sequence[Stream] = ("stdout", "stderr")) -> OutputSink:
+        """A transport-level sink (`execute(..., on_output=)`) for the target called name, printing the
+        given streams only (`exec` streams stderr and keeps stdout for the end)."""
+
+        def sink(stream: Stream, chunk: bytes) -> None:
+            if stream in streams:
+                self.feed(name, stream, chunk)
+
+        return sink
+
+    def on_output(self, target: Target, step: str, stream: Stream, chunk: bytes) -> None:
+        """The `run_playbook(on_output=)` handler."""
+        self.feed(target.name, stream, chunk)
+
+    def flush(self, name: str | None = None) -> None:
+        """Print the unfinished lines (of one target, or of all) as if their newline had come."""
+        with self._lock:
+            for key in [key for key in self._partial if name is None or key[0] == name]:
+                self._print(*key, self._partial.pop(key))
+
+    def _print(self, name: str, stream: Stream, line: bytes) -> None:
+        # Text, not markup: nothing a script prints can style (or break) the terminal output.
+        text = self._redact(line.rstrip(b"\r").decode(errors="replace"))  # whole lines: no cut UTF-8
+        if not self._labelled:
+            self._console.print(Text(text))
+        elif stream == "stdout":
+            self._console.print(Text.assemble((name, "bold"), " | ", text))
+        else:
+            self._console.print(Text.assemble((name, "bold"), " ! ", (text, "dim")))
+
+
+def step_printer(*, verbose: bool, live: LiveOutput | None = None) -> Any:
+    """A callback printing each step as it finishes (from worker threads: rich's print is locked).
+    With live output, the step's output was already streamed: its unfinished line is flushed first."""
+
+    def on_step(target: Target, step: Any) -> None:
+        if live is not None:
+            live.flush(target.name)
+            verbose_replay = False
+        else:
+            verbose_replay = verbose
+        style = STATUS_STYLE.get(step.status, "")
+        console.print(f"[{style}]{step.status:<12}[/] {escape(target.name)}: {escape(step.name)}"
+                      + (f" — {escape(step.reason)}" if step.reason else ""))
+        if verbose_replay and step.status in ("failed", "changed") and (step.stdout or step.stderr):
+            for line in (step.stdout + step.stderr).rstrip().splitlines()[-40:]:
+                console.print(f"    {escape(line)}")
+
+    return on_step

@@ -1,0 +1,35 @@
+"""Guest kinds: how fleetfix drives each kind of target over its node's connection.
+
+    guest = open_guest(target, node_transport)   # the driver for target.guest.kind
+    guest.transport().execute(argv)              # inside the guest
+    guest.snapshot("fleetfix-20261203-030000")   # on the node, by the guest's id
+
+A new kind: a module implementing `base.Guest`, and its line here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fleetfix.guests.base import Guest, GuestStatus
+from fleetfix.guests.lxc import LxcGuest
+from fleetfix.guests.node import NodeGuest
+from fleetfix.target import Target
+from fleetfix.transport.base import Transport
+
+GUEST_KINDS: dict[str, Callable[[Target, Transport], Guest]] = {
+    "node": NodeGuest,
+    "lxc": LxcGuest,
+}
+
+
+def open_guest(target: Target, node: Transport) -> Guest:
+    """The driver for the target's guest kind, over its node's transport (shared, not owned)."""
+    try:
+        make = GUEST_KINDS[target.guest.kind]
+    except KeyError:
+        raise ValueError(f"{target.name}: unknown guest kind {target.guest.kind!r}") from None
+    return make(target, node)
+
+
+__all__ = ["GUEST_KINDS", "Guest", "GuestStatus", "open_guest"]

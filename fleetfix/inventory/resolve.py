@@ -1,0 +1,79 @@
+"""Which targets a command acts on: `--local`, `--host` (with `--ct`), or the inventory and `--limit`.
+
+The command line hands over one `TargetRequest` (request.py); what comes back is a `Resolution`: the
+targets, the discovered containers that were skipped (stopped, templates) and the warnings to show.
+Nothing here prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from fleetfix.inventory.discovery import Discoverer
+from fleetfix.inventory.load import adhoc_targets, load_inventory, local_target, resolve_inventory_path
+from fleetfix.inventory.request import TargetRequest
+from fleetfix.inventory.select import select
+from fleetfix.target import Target
+
+
+@dataclass
+class Resolution:
+    """The targets of one command, with what discovery skipped and the warnings to show."""
+
+    report_kind: ClassVar[str] = "targets"
+    targets: list[Target]
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (target or CT label, reason)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"targets": [target_json(t) for t in self.targets],
+                "skipped": [{"target": label, "reason": reason} for label, reason in self.skipped]}
+
+
+def resolve_targets(request: TargetRequest) -> Resolution:
+    request.check()
+    if request.local:
+        return Resolution(select([local_target()], request.limit))
+    if request.host:
+        return Resolution(select(adhoc_targets(
+            request.host, port=request.port, user=request.user, identity_file=request.identity,
+            known_hosts=request.known_hosts, accept_new=request.accept_new, ctids=request.ctids,
+            connect_timeout=request.connect_timeout,
+        ), request.limit))
+    loaded = load_inventory(resolve_inventory_path(request.inventory),
+                            discover=Discoverer(refresh=request.refresh))
+    targets: Sequence[Target] = loaded.targets
+    if request.accept_new or request.known_hosts:
+        targets = [_override_ssh(t, accept_new=request.accept_new, known_hosts=request.known_hosts)
+                   for t in targets]
+    return Resolution(select(targets, request.limit), list(loaded.skipped), list(loaded.warnings))
+
+
+def _override_ssh(target: Target, *, accept_new: bool, known_hosts: str | None) -> Target:
+    ssh = target.node.ssh
+    if ssh is None:
+        return target
+    changes: dict[str, Any] = {"accept_new": accept_new or ssh.accept_new}
+    if known_hosts:
+        changes["known_hosts"] = known_hosts
+    node = dataclasses.replace(target.node, ssh=dataclasses.replace(ssh, **changes))
+    return dataclasses.replace(target, node=node)
+
+
+def target_json(target: Target) -> dict[str, Any]:
+    ssh = target.node.ssh
+    return {
+        "name": target.name,
+        "node": target.node.name,
+        "address": ssh.address if ssh else None,
+        "port": ssh.port if ssh else None,
+        "user": ssh.user if ssh else None,
+        **target.guest.to_json(),
+        "tags": sorted(target.tags),
+        "groups": sorted(target.groups),
+        "vars": dict(target.vars),
+        "source": target.source,
+    }

@@ -1,0 +1,234 @@
+"""The terminal report of every run object: what a person reads after a command.
+
+One function per run type behind `render_text` (functools.singledispatch): a new run type registers its
+own. Everything that came from a target is printed as text, never as rich markup, so nothing a target
+says can style (or break) the terminal.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import singledispatch
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fleetfix.audit import AuditHistory, AuditRun, RemediatedAudit
+from fleetfix.audit import report as audit_report
+from fleetfix.audit.drift import Drift
+from fleetfix.command import ExecRun
+from fleetfix.inventory.resolve import Resolution
+from fleetfix.playbook.records import RunDetail, RunList
+from fleetfix.playbook.runner import PlaybookRun
+from fleetfix.probe.run import ProbeRun, TargetReport
+from fleetfix.reports.console import SEVERITY_STYLE, STATUS_STYLE, page, page_text, print_table
+
+
+def render_text(run: Any, **options: Any) -> str:
+    """The terminal report of run, laid out (and coloured) like stdout."""
+    out = page()
+    show(run, out, **options)
+    return page_text(out)
+
+
+@singledispatch
+def show(run: Any, out: Console, **options: Any) -> None:
+    raise TypeError(f"no text report for {type(run).__name__}")
+
+
+@show.register
+def _targets(resolution: Resolution, out: Console, **options: Any) -> None:
+    table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "SOURCE", box=None, pad_edge=False)
+    for t in resolution.targets:
+        ssh = t.node.ssh
+        address = f"{ssh.user}@{ssh.address}:{ssh.port}" if ssh else "(local)"
+        table.add_row(*(escape(cell) for cell in (
+            t.name, t.node.name, address, str(t.guest.id or "-"), ",".join(sorted(t.tags)),
+            ",".join(sorted(t.groups)), t.source,
+        )))
+    print_table(table, out)
+    for label, reason in resolution.skipped:
+        out.print(f"skipped: {escape(label)}: {escape(reason)}")
+    skipped = f", {len(resolution.skipped)} skipped" if resolution.skipped else ""
+    out.print(f"{len(resolution.targets)} target(s){skipped}")
+
+
+@show.register
+def _exec(run: ExecRun, out: Console, **options: Any) -> None:
+    """Each target's header and stdout (its stderr was streamed live as it came)."""
+    for outcome in run.outcomes:
+        result = outcome.value
+        if result is None:
+            message = outcome.error.with_hint() if outcome.error else outcome.status
+            out.print(f"[bold]== {escape(outcome.target.name)}[/] [red]{outcome.status}[/]: "
+                      f"{escape(message)}")
+            continue
+        state = "timed out" if result.timed_out else f"exit {result.exit_code}"
+        colour = "green" if result.ok else "red"
+        out.print(f"[bold]== {escape(outcome.target.name)}[/] [{colour}]{state}[/]")
+        if result.stdout:  # as the command wrote it: the user pipes this
+            out.file.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+
+
+def _fact_lines(report: TargetReport) -> list[tuple[str, str]]:
+    facts = report.facts
+    if facts is None:
+        return []
+    data = facts.model_dump(mode="json")
+    os_ = data.get("os") or {}
+    torch = data.get("torch") or {}
+    cuda = data.get("cuda") or {}
+    apt = data.get("apt") or {}
+    gpu = data.get("gpu") or {}
+    toolkits = ", ".join(f"{tk['version']} ({tk['path']})" for tk in cuda.get("toolkits") or []) or "none"
+    lines = [
+        ("os", f"{os_.get('id')} {os_.get('version_id')} {os_.get('machine')} -> NVIDIA repo "
+               f"{os_.get('nvidia_distro') or 'unsupported'}/{os_.get('nvidia_arch') or '-'}"),
+        ("torch", f"{torch.get('version')} (CUDA {torch.get('cuda')})" if torch else "not found"),
+        ("nvcc", toolkits),
+        ("nvidia repo", "configured" if apt.get("nvidia_repo_configured") else "not configured"),
+        ("gpu", f"driver {gpu.get('driver_version') or 'none'}; "
+                f"{', '.join(gpu.get('names') or []) or 'no GPU'}"),
+    ]
+    if report.node and report.node.kernel_module_version:
+        lines.append(("host module", report.node.kernel_module_version))
+    return lines
+
+
+def _health(report: TargetReport) -> str:
+    return report.worst if report.status == "ok" else report.status
+
+
+@show.register
+def _probe(run: ProbeRun, out: Console, **options: Any) -> None:
+    for report in run.reports:
+        health = _health(report)
+        out.print(f"[bold]== {escape(report.target.name)}[/] "
+                  f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/] ({report.duration:.2f}s)")
+        if report.error:
+            out.print(f"   [red]{escape(report.error.with_hint())}[/]")
+        for key, value in _fact_lines(report):
+            out.print(f"   {key:<12} {escape(value)}")
+        for finding in report.findings:
+            severity = str(finding.severity.value)
+            out.print(f"   [{SEVERITY_STYLE[severity]}]{severity.upper():<7}[/] "
+                      f"[bold]{finding.code}[/]: {escape(finding.summary)}")
+            if finding.fix is not None:
+                out.print(f"            fix: {escape(finding.fix.text())}")
+        out.print()
+    if len(run.reports) > 1:
+        _probe_summary_table(run, out)
+
+
+def _probe_summary_table(run: ProbeRun, out: Console) -> None:
+    table = Table("TARGET", "HEALTH", "TORCH CUDA", "NVCC", "FINDINGS", box=None, pad_edge=False)
+    for report in run.reports:
+        health = _health(report)
+        torch = report.facts.torch if report.facts else None
+        toolkits = report.facts.cuda.toolkits if report.facts else []
+        codes = ", ".join(f.code for f in report.findings) or (str(report.error) if report.error else "-")
+        table.add_row(
+            escape(report.target.name), f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/]",
+            torch.cuda if torch and torch.cuda else "-",
+            ", ".join(str(tk.version) for tk in toolkits) or "-", escape(codes),
+        )
+    print_table(table, out)
+    counts = ", ".join(f"{n} {k}" for k, n in run.summary().items())
+    out.print(f"{len(run.reports)} target(s): {counts}")
+
+
+@show.register
+def _apply(run: PlaybookRun, out: Console, **options: Any) -> None:
+    for target_run in run.targets:
+        if target_run.status in ("failed", "unreachable"):
+            failed = [s for s in target_run.steps if s.status == "failed"]
+            reason = target_run.reason or (failed[0].reason if failed else "")
+            if target_run.error is not None and target_run.error.hint:
+                reason = f"{reason} — {target_run.error.hint}"
+            out.print(f"[bold red]{target_run.status}[/] {escape(target_run.target)}: {escape(reason)}")
+            for step in failed[:1]:
+                for line in (step.stdout + step.stderr).rstrip().splitlines()[-15:]:
+                    out.print(f"    {escape(line)}")
+        snapshot = target_run.snapshot
+        if snapshot is not None:
+            if snapshot.rolled_back:
+                out.print(f"[yellow]rolled back[/] {escape(target_run.target)} "
+                          f"to {escape(str(snapshot.name))}")
+            elif snapshot.rollback_error is not None:
+                out.print(f"[bold red]rollback failed[/] {escape(target_run.target)}: "
+                          f"{escape(snapshot.rollback_error)} (snapshot {escape(str(snapshot.name))} kept)")
+            for warning in snapshot.warnings:
+                out.print(f"[yellow]warning[/] {escape(target_run.target)}: {escape(warning)}")
+    if run.aborted:
+        out.print(f"[bold red]aborted[/]: {escape(run.aborted)}")
+    if run.error:
+        out.print(f"[bold red]error[/]: {escape(str(run.error))}")
+    title = "CHECK RECAP" if run.check else "PLAY RECAP"
+    out.print(f"\n[bold]{title}[/] {escape(run.playbook)} ({run.duration:.1f}s, run {run.run_id})")
+    for line in run.recap_lines():
+        out.print(escape(line))
+
+
+@show.register
+def _runs(run_list: RunList, out: Console, **options: Any) -> None:
+    if not run_list.runs:
+        out.print("no runs recorded")
+        return
+    table = Table("RUN", "STARTED", "PLAYBOOK", "MODE", "STATUS", "TARGETS", box=None, pad_edge=False)
+    for run in run_list.runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started else "-"
+        table.add_row(run.run_id, started, escape(run.playbook), "check" if run.check else "apply",
+                      f"[{STATUS_STYLE.get(run.status, '')}]{run.status}[/]", str(len(run.targets)))
+    print_table(table, out)
+
+
+@show.register
+def _run_detail(detail: RunDetail, out: Console, **options: Any) -> None:
+    summary = detail.summary
+    out.print(f"[bold]run {summary.run_id}[/] {escape(summary.playbook)} "
+              f"{'check' if summary.check else 'apply'}: {summary.status}")
+    for record in detail.targets.values():
+        out.print(f"\n[bold]== {escape(record.name)}[/] "
+                  f"[{STATUS_STYLE.get(record.status, '')}]{record.status}[/] {escape(record.reason)}")
+        for step in record.steps:
+            out.print(f"  [{STATUS_STYLE.get(step.status, '')}]{step.status:<12}[/] {escape(step.name)}"
+                      + (f" — {escape(step.reason)}" if step.reason else ""))
+            for script in step.scripts:
+                rc = "running/lost" if script.rc is None else f"rc={script.rc}"
+                out.print(f"      {script.phase} #{script.attempt} {rc}")
+                for line in (script.stdout + script.stderr).rstrip().splitlines()[-20:]:
+                    out.print(f"        {escape(line)}")
+
+
+# --- audit: plain text (it goes to cron mail and journals as often as to terminals) ---------------------
+
+@show.register
+def _audit(run: AuditRun, out: Console, *, verbose: bool = False, **options: Any) -> None:
+    out.file.write(audit_report.text_report(run, verbose=verbose))
+
+
+@show.register
+def _remediated(run: RemediatedAudit, out: Console, **options: Any) -> None:
+    out.file.write(audit_report.text_report(run.audit) + "\n" + audit_report.remediation_report(run.final))
+
+
+@show.register
+def _history(history: AuditHistory, out: Console, **options: Any) -> None:
+    if not history.runs:
+        out.file.write("no audit runs recorded\n")
+        return
+    lines = [f"{'RUN':>5}  {'STARTED':<19}  {'STATUS':<10}  {'TARGETS':>7}  {'ERROR':>5}  "
+             f"{'UNREACH':>7}  DURATION"]
+    for run in history.runs:
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+        duration = "-" if run.duration is None else f"{run.duration:.1f}s"
+        lines.append(f"{run.id:>5}  {started:<19}  {run.status:<10}  {run.target_count:>7}  "
+                     f"{run.error_count:>5}  {run.unreachable_count:>7}  {duration}")
+    out.file.write("\n".join(lines) + "\n")
+
+
+@show.register
+def _drift(drift: Drift, out: Console, **options: Any) -> None:
+    out.file.write("\n".join(audit_report.drift_lines(drift)) + "\n")
