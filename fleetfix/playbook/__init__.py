@@ -3,7 +3,8 @@
 See docs/playbooks.md for the file format and the rules.
 """
 
-from fleetfix.playbook.model import Playbook, Step, load_playbook, parse_playbook
+from fleetfix.playbook.load import load_playbook, parse_playbook
+from fleetfix.playbook.model import Playbook, Step
 from fleetfix.playbook.records import RunRecorder, list_runs, load_run
 from fleetfix.playbook.runner import (
     PlaybookRun,

@@ -2,8 +2,8 @@
 
 A playbook is YAML: a name, default vars, optional prerequisite playbooks, and ordered steps. Each step is
 check → apply → verify (see docs/playbooks.md). Loading validates the shape (unknown keys, wrong types),
-then the rules pydantic cannot express (unique names, a step needs check or apply, ...), then compiles
-every template (fleetfix.playbook.render), so a bad playbook fails before any target is contacted.
+then the rules pydantic cannot express (unique names, a step needs check or apply, ...); load.py then
+compiles every template (render.py), so a bad playbook fails before any target is contacted.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from fleetfix.errors import ConfigError, PlaybookError
-from fleetfix.yamlsource import Loc, Locations, parse_yaml, validate
+from fleetfix.yamlsource import Loc, Locations
 
 # Names the templates see at top level; a var may not take one of them.
 RESERVED_NAMES = frozenset({"facts", "vars", "registered", "target", "result"})
@@ -96,7 +96,7 @@ class Playbook(BaseModel):
         return ordered
 
 
-def _check_rules(book: Playbook) -> None:
+def check_rules(book: Playbook) -> None:
     """The rules a field type cannot say; each error names the offending field."""
     for name in book.vars:
         if name in RESERVED_NAMES or not name.isidentifier() or keyword.iskeyword(name):
@@ -126,45 +126,3 @@ def _check_rules(book: Playbook) -> None:
         for env_name in step.env:
             if not _ENV_NAME.match(env_name):
                 raise book.error_at((*at, "env", env_name), "not a valid environment variable name")
-
-
-def parse_playbook(text: str, path: str = "<playbook>", *, _stack: tuple[str, ...] = ()) -> Playbook:
-    """Validate and compile a playbook from YAML text. Raises PlaybookError (one line) on any problem."""
-    data, where = parse_yaml(text, path, PlaybookError)
-    if not isinstance(data, dict):
-        raise PlaybookError("a playbook is a mapping (name, vars, steps, ...)", path=path, line=1)
-    book = validate(Playbook, data, where, PlaybookError)
-    book._path, book._locations = path, where
-    _check_rules(book)
-    for index, required in enumerate(book.requires):
-        base = Path(path).parent if path != "<playbook>" else Path.cwd()
-        required_path = str(base / required)
-        resolved = str(Path(required_path).resolve())
-        if resolved in _stack or resolved == str(Path(path).resolve()):
-            raise book.error_at(("requires", index), f"circular requirement: {required}")
-        book._required.append(
-            _load(required_path, (*_stack, str(Path(path).resolve())), book, ("requires", index)))
-    from fleetfix.playbook.render import compile_playbook  # render imports this module
-
-    compile_playbook(book)
-    return book
-
-
-def _read(path: str | Path) -> str:
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlaybookError("file not found", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PlaybookError(f"cannot read: {exc}", path=str(path)) from None
-
-
-def _load(path: str, stack: tuple[str, ...], parent: Playbook, loc: Loc) -> Playbook:
-    if not Path(path).is_file():
-        raise parent.error_at(loc, f"required playbook not found: {path}")
-    return parse_playbook(_read(path), path, _stack=stack)
-
-
-def load_playbook(path: str | Path) -> Playbook:
-    """Load, validate and compile a playbook file (and the playbooks it requires)."""
-    return parse_playbook(_read(path), str(path))

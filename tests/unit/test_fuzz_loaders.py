@@ -25,7 +25,7 @@ from fleetfix.audit.policy import load_policy
 from fleetfix.errors import ConfigError
 from fleetfix.inventory.discovery.model import DiscoveryResult, ProxmoxSource
 from fleetfix.inventory.load import load_inventory
-from fleetfix.playbook.model import load_playbook
+from fleetfix.playbook.load import load_playbook
 
 REPO = Path(__file__).resolve().parents[2]
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

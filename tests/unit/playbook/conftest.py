@@ -14,7 +14,8 @@ from typing import Any, Generic, TypeVar
 import pytest
 
 from fleetfix.errors import FleetfixError, TransportError
-from fleetfix.playbook.model import Playbook, parse_playbook
+from fleetfix.playbook.load import parse_playbook
+from fleetfix.playbook.model import Playbook
 from fleetfix.target import NODE, GuestRef, NodeRef, Target
 from fleetfix.transport.base import CommandResult, OutputSink, Transport
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from fleetfix.playbook.model import load_playbook
+from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.render import compile_playbook
 from fleetfix.playbook.runner import TargetPlan, TargetRun, plan_target, run_target
 from fleetfix.transport.base import Transport

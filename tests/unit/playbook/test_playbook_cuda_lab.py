@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from fleetfix.playbook.model import load_playbook
+from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.records import RunRecorder, load_run
 from fleetfix.playbook.runner import run_playbook
 from fleetfix.transport.base import CommandResult, OutputSink

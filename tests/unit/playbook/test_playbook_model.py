@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetfix.errors import PlaybookError
-from fleetfix.playbook.model import load_playbook
+from fleetfix.playbook.load import load_playbook
 from tests.unit.playbook.conftest import playbook_from
 
 GOOD = """\
