@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     # Imported here, as the CLI does on `probe`: what this costs is part of what is measured.
     from fleetfix.fleet import Fleet, NodeConnection
     from fleetfix.probe.run import probe_targets
-    from fleetfix.target import NodeRef, SSHSettings, Target
+    from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
     from fleetfix.transport.ssh import SSHConnection
 
     proxy_ports = {(node["address"], node["port"]): node["proxy_port"] for node in spec["nodes"]}
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
             node["address"], node["port"], identity_file=spec["identity"], known_hosts=spec["known_hosts"]
         )
         ref = NodeRef(node["name"], ssh)
-        targets += [Target(f"{node['name']}/{ctid}", ref, ctid) for ctid in node["ctids"]]
+        targets += [Target(f"{node['name']}/{ctid}", ref, GuestRef.lxc(ctid)) for ctid in node["ctids"]]
 
     imported = resource.getrusage(resource.RUSAGE_SELF)
     probe_started = time.monotonic()
