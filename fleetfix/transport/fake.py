@@ -6,11 +6,14 @@
     fake.on("uname -m", exact=True, stdout="x86_64\\n")
     fake.on("nvcc", lambda call: CommandResult(0, "release 12.8", "", 0.0))  # computed
     fake.on("apt-get install", ConnectionLostError("link dropped"))         # raised
+    fake.on(ANY, stdout="...")                                              # every call
 
 A call is matched on its text: the script for `run_script` (stdin of `/bin/sh -s`), else the command
 line. The first matching rule wins (`times=N` retires a rule after N uses, so a sequence of results for
 the same command is a list of rules). An unmatched call raises NotImplementedError(text), like Invoke's
 MockContext, so a test cannot pass by accident.
+
+It is also a node connection (`close()`), so a `Fleet(connect=...)` can hand one out per node.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from fleetfix.transport.base import SHELL_STDIN, CommandResult, OutputSink, command_line
 
 Responder = Callable[["FakeCall"], CommandResult]
+ANY = re.compile("")  # a pattern matching every call
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ class _Rule:
 class FakeTransport:
     def __init__(self, label: str = "fake") -> None:
         self.label = label
+        self.closed = False
         self.calls: list[FakeCall] = []
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
@@ -117,3 +122,6 @@ class FakeTransport:
         """The text of every call so far, in order."""
         with self._lock:
             return [call.text for call in self.calls]
+
+    def close(self) -> None:
+        self.closed = True

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from fleetfix.fleet import Fleet
 from fleetfix.inventory.discovery.discoverer import Discoverer
 from fleetfix.inventory.load import Inventory, load_inventory
 from fleetfix.target import SSHSettings
-from fleetfix.transport.base import CommandResult, OutputSink
+from fleetfix.transport.fake import ANY, FakeTransport
 
 try:
     import fakepve  # noqa: F401  (its pytest plugin provides the fixtures below)
@@ -173,34 +172,18 @@ def test_unreachable_api_is_one_line(tmp_path: Path) -> None:
         load(path, tmp_path)
 
 
-class RecordingConnection:
-    label = "node"
-
-    def __init__(self, seen: list[str]) -> None:
-        self.seen = seen
-
-    def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-        on_output: OutputSink | None = None,
-    ) -> CommandResult:
-        self.seen.append(" ".join(argv) + "\n" + stdin.decode(errors="replace"))
-        return CommandResult(0, "", "", 0.0)
-
-    def close(self) -> None:
-        pass
-
-
 def test_a_hostile_pve_name_never_reaches_a_command(pve: Any, fakepve_cafile: str, tmp_path: Path) -> None:
     path = write_inventory(tmp_path, pve.url, f"    ca_file: {fakepve_cafile}\n")
     inventory = load(path, tmp_path)
-    seen: list[str] = []
+    node = FakeTransport("node").on(ANY, rc=0)
 
-    def connect(settings: SSHSettings) -> RecordingConnection:
+    def connect(settings: SSHSettings) -> FakeTransport:
         assert settings.address.startswith("127.")
-        return RecordingConnection(seen)
+        return node
 
     with Fleet(connect=connect) as fleet:
         outcomes = fleet.map(inventory.targets, lambda _t, transport: transport.execute(["true"]))
+    seen = [call.text + "\n" + call.stdin.decode(errors="replace") for call in node.calls]
     assert all(outcome.ok for outcome in outcomes) and len(seen) == 3
     assert sorted(text.split(" --")[0] for text in seen) == ["pct exec 200", "pct exec 300", "pct exec 400"]
     assert not any("canary" in text or "$(" in text for text in seen)

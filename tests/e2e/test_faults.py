@@ -33,6 +33,7 @@ from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab, LabNode
 from tests.lab.container import Container
 from tests.lab.sshd import SshNode, free_port, keygen, start_node
+from tests.waiting import LineWatcher, wait_for
 
 EXIT_FAILED, EXIT_UNREACHABLE, EXIT_INTERRUPTED = 1, 4, 130
 CUDA_PLAYBOOK = "playbooks/cuda-toolkit.yaml"
@@ -89,16 +90,6 @@ def pids_running(marker: str) -> list[int]:
     return [int(pid) for pid in found if int(pid) != os.getpid()]
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def start_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     """The CLI as a child process we can signal (run_cli waits for it)."""
     return subprocess.Popen(
@@ -125,6 +116,17 @@ def run_detail(state: Path, run_id: str) -> dict[str, Any]:
 def audit_history(db: Path) -> list[dict[str, Any]]:
     history: list[dict[str, Any]] = run_cli("audit", "history", "--db", str(db), "--json").json()
     return history
+
+
+def committed_targets(db: Path) -> int:
+    """Target results in the audit history so far (0 while the database does not exist yet)."""
+    if not db.exists():
+        return 0
+    with contextlib.closing(sqlite3.connect(db, timeout=5)) as conn:
+        try:
+            return int(conn.execute("SELECT COUNT(*) FROM target_results").fetchone()[0])
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return 0
 
 
 def kill_quietly(pids: Sequence[int]) -> None:
@@ -617,12 +619,15 @@ def test_12_second_ctrl_c_aborts_at_once_and_records_stay_readable(
 ) -> None:
     cts = [make_ct() for _ in range(2)]
     with napping_apply(lab, cts, tmp_path, f"3{unique()}.5") as (state, process):
+        stderr = LineWatcher(process.stderr)
         process.send_signal(signal.SIGINT)
-        time.sleep(0.3)
+        wait_for(lambda: "starting no new targets" in stderr.text(), 10, "the first Ctrl-C to be handled")
         started = time.monotonic()
         process.send_signal(signal.SIGINT)
-        result = finish(process, timeout=30)
+        process.wait(timeout=30)
         assert time.monotonic() - started < 5, "the second Ctrl-C did not abort at once"
+        assert process.stdout is not None
+        result = CliResult(process.returncode, process.stdout.read(), stderr.join())
     assert result.exit_code == EXIT_INTERRUPTED, result.stdout + result.stderr
     assert "aborted" in result.stderr
     [run] = runs(state)
@@ -695,7 +700,7 @@ def test_13_sigkill_mid_audit_leaves_history_incomplete_and_usable(
     process = start_cli("audit", "-i", str(inventory), "--db", str(db), "--json")
     try:
         wait_for(lambda: pids_running(f"sleep {marker}"), 60, "the slow probe")
-        time.sleep(1.5)  # the quick target's result is committed by now
+        wait_for(lambda: committed_targets(db) >= 1, 60, "the quick target's result to be committed")
         process.kill()
         finish(process)
     finally:

@@ -20,6 +20,7 @@ import pytest
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
 from tests.lab.torch_stub import install_causal_conv1d, install_fla, install_torch
+from tests.waiting import wait_for
 
 MakeCt = Callable[..., Container]
 
@@ -126,16 +127,10 @@ def test_closing_the_ssh_channel_kills_the_container_command(lab: Lab, make_ct: 
     def sleepers() -> str:
         return ct.exec(["pgrep", "-f", "sleep 1234"]).stdout.decode()
 
-    deadline = time.monotonic() + 10
-    while not sleepers():
-        assert time.monotonic() < deadline, "the command never started"
-        time.sleep(0.05)
+    wait_for(sleepers, 10, "the command to start")
     client.kill()
     client.wait()
-    deadline = time.monotonic() + 10
-    while sleepers():
-        assert time.monotonic() < deadline, "the container command outlived its SSH channel"
-        time.sleep(0.05)
+    wait_for(lambda: not sleepers(), 10, "the container command to end with its SSH channel")
 
 
 # --- list / status / start / stop ---------------------------------------------------------------------

@@ -37,6 +37,7 @@ from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.transport.base import run_script
 from fleetfix.transport.ssh import OPEN_RETRY_DELAYS, SSHConnection, SSHTransport
 from tests.lab.sshd import SshNode, free_port, keygen, start_node
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.e2e,
@@ -243,9 +244,7 @@ def test_agent_key_is_used_without_an_identity_file(bed: Bed, monkeypatch: pytes
     socket_path = bed.root / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 5
-        while not socket_path.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(socket_path.exists, 5, "ssh-agent's socket")
         monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
         subprocess.run(["ssh-add", "-q", str(bed.client_key)], check=True, capture_output=True)
         with SSHConnection(bed.settings(identity_file=None)) as conn:
@@ -425,10 +424,7 @@ def test_an_eof_overtaken_by_the_close_is_not_sent(bed: Bed, monkeypatch: pytest
     def late_shutdown_write(channel: paramiko.Channel) -> None:
         with channel.lock:
             message = channel._send_eof()  # what paramiko's shutdown_write does, then the gap, widened
-        deadline = time.monotonic() + 10
-        while not channel.closed and time.monotonic() < deadline:  # the exit and CLOSE come, CLOSE goes
-            time.sleep(0.01)
-        assert channel.closed
+        wait_for(lambda: channel.closed, 10, "the channel's close")  # the exit and CLOSE come, CLOSE goes
         if message is not None:
             channel.transport._send_user_message(message)
 

@@ -10,14 +10,13 @@ import select
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
 
 import pytest
 
 from fleetfix.probe import build_probe_script
 from fleetfix.probe.run import gather_facts, with_buffered_stdout
 from fleetfix.target import NodeRef, Target
-from fleetfix.transport.base import CommandResult, OutputSink
+from fleetfix.transport.fake import ANY, FakeTransport
 
 SHELLS = [shell for shell in ("/bin/sh", shutil.which("bash"), shutil.which("busybox")) if shell]
 
@@ -70,22 +69,9 @@ def test_the_real_probe_gives_the_same_facts_buffered() -> None:
     assert buffered.stdout.count(b"\n") == plain.stdout.count(b"\n")
 
 
-class RecordingTransport:
-    label = "recording"
-
-    def __init__(self, stdout: str) -> None:
-        self.stdout = stdout
-        self.stdins: list[bytes] = []
-
-    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-                on_output: OutputSink | None = None) -> CommandResult:
-        self.stdins.append(stdin)
-        return CommandResult(0, self.stdout, "", 0.0)
-
-
 def test_gather_facts_sends_the_probe_buffered() -> None:
     probe_output = run("/bin/sh", build_probe_script()).stdout.decode()
-    transport = RecordingTransport(probe_output)
+    transport = FakeTransport().on(ANY, stdout=probe_output)
     facts = gather_facts(Target("t", NodeRef("n", None)), transport)
     assert facts.hostname
-    assert transport.stdins == [with_buffered_stdout(build_probe_script()).encode()]
+    assert [call.stdin for call in transport.calls] == [with_buffered_stdout(build_probe_script()).encode()]

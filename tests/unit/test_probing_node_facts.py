@@ -2,24 +2,23 @@
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 from fleetfix.fleet import Fleet
 from fleetfix.probe.run import probe_targets
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
-from fleetfix.transport.base import CommandResult, OutputSink
+from fleetfix.transport.base import CommandResult
+from fleetfix.transport.fake import ANY, FakeCall, FakeTransport
 
 HEALTHY = (Path(__file__).resolve().parents[1] / "fixtures" / "probe" / "healthy.json").read_text()
 CTIDS = (200, 201, 202)
 
 
 class SlowNodeFacts:
-    """A node connection whose node-facts script answers only once the other containers have been probed
-    (or after 5 s): if container probes queued behind node facts, it would wait out the 5 s."""
-
-    label = "pve1"
+    """A node whose node-facts script answers only once the other containers have been probed (or after
+    5 s): if container probes queued behind node facts, it would wait out the 5 s."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -27,25 +26,25 @@ class SlowNodeFacts:
         self.probed: list[int] = []
         self.others_probed = threading.Event()
         self.node_facts_waited_for_nothing = False
+        self.node = FakeTransport("pve1")
+        self.node.on(re.compile(r"^pct exec "), self.probe)
+        self.node.on(ANY, self.node_facts)  # the node-facts script, on the node itself
 
-    def connect(self, _settings: SSHSettings) -> SlowNodeFacts:
-        return self
-
-    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-                on_output: OutputSink | None = None) -> CommandResult:
-        if argv[0] != "pct":  # the node-facts script, on the node itself
-            with self.lock:
-                self.node_facts_runs += 1
-            self.node_facts_waited_for_nothing = self.others_probed.wait(timeout=5)
-            return CommandResult(0, "fleetfix-node-facts 1\nhostname\tpve1\n", "", 0.0)
+    def node_facts(self, call: FakeCall) -> CommandResult:
         with self.lock:
-            self.probed.append(int(argv[2]))
+            self.node_facts_runs += 1
+        self.node_facts_waited_for_nothing = self.others_probed.wait(timeout=5)
+        return CommandResult(0, "fleetfix-node-facts 1\nhostname\tpve1\n", "", 0.0)
+
+    def probe(self, call: FakeCall) -> CommandResult:
+        with self.lock:
+            self.probed.append(int(call.argv[2]))
             if len(self.probed) >= len(CTIDS) - 1:
                 self.others_probed.set()
         return CommandResult(0, HEALTHY, "", 0.0)
 
-    def close(self) -> None:
-        pass
+    def connect(self, _settings: SSHSettings) -> FakeTransport:
+        return self.node
 
 
 def test_node_facts_once_per_node_while_its_containers_are_probed() -> None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable, Iterable, Sequence
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,8 @@ from fleetfix.errors import ConnectError
 from fleetfix.fleet import Fleet
 from fleetfix.probe import Finding, Fix, Severity
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
-from fleetfix.transport.base import CommandResult, OutputSink
+from fleetfix.transport.base import CommandResult
+from fleetfix.transport.fake import ANY, FakeCall, FakeTransport
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 
@@ -53,16 +55,23 @@ def make_target(node: str, ctid: int, *, name: str | None = None, groups: Iterab
 
 
 @dataclass
-class _Connection:
-    world: FakeWorld
-    label: str
+class FakeWorld:
+    """What each container's probe prints: a fixture name, an edited fixture dict, or "stopped"."""
 
-    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-                on_output: OutputSink | None = None) -> CommandResult:
-        if argv[0] != "pct":
-            return CommandResult(1, "", "no node facts in this fake\n", 0.0)  # node facts: unknown
-        ctid = int(argv[2])
-        state = self.world.cts.get(ctid, "missing")
+    cts: dict[int, str | dict[str, Any]]
+    down: set[str] = field(default_factory=set)  # node names whose connection fails
+
+    def connect(self, settings: SSHSettings) -> FakeTransport:
+        if settings.user in self.down:
+            raise ConnectError(f"{settings.address}:{settings.port}: connection refused")
+        node = FakeTransport(settings.user)
+        node.on(re.compile(r"^pct exec "), self.probe)
+        return node.on(ANY, rc=1, stderr="no node facts in this fake\n")  # node facts: unknown
+
+    def probe(self, call: FakeCall) -> CommandResult:
+        """What `pct exec CTID ...` prints for the container's state."""
+        ctid = int(call.argv[2])
+        state = self.cts.get(ctid, "missing")
         if state == "stopped":
             return CommandResult(255, "", f"container '{ctid}' not running!\n", 0.0)
         if state == "missing":
@@ -70,22 +79,6 @@ class _Connection:
             return CommandResult(255, "", missing, 0.0)
         data = load_fixture(state) if isinstance(state, str) else state
         return CommandResult(0, json.dumps(data), "", 0.01)
-
-    def close(self) -> None:
-        pass
-
-
-@dataclass
-class FakeWorld:
-    """What each container's probe prints: a fixture name, an edited fixture dict, or "stopped"."""
-
-    cts: dict[int, str | dict[str, Any]]
-    down: set[str] = field(default_factory=set)  # node names whose connection fails
-
-    def connect(self, settings: SSHSettings) -> _Connection:
-        if settings.user in self.down:
-            raise ConnectError(f"{settings.address}:{settings.port}: connection refused")
-        return _Connection(self, settings.user)
 
     def fleet(self) -> Fleet:
         return Fleet(connect=self.connect)

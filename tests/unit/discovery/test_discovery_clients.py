@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -24,7 +23,8 @@ from fleetfix.inventory.discovery.clients import (
 from fleetfix.inventory.discovery.discoverer import Discoverer
 from fleetfix.inventory.discovery.model import ProxmoxSource, SshAccess, TokenSecret
 from fleetfix.target import NodeRef, SSHSettings
-from fleetfix.transport.base import CommandResult, OutputSink
+from fleetfix.transport.base import CommandResult
+from fleetfix.transport.fake import ANY, FakeTransport
 
 RESOURCES = [
     ct(200, "train-a", tags="gpu"),
@@ -203,25 +203,9 @@ def test_node_addresses_from_status_keeps_only_real_ips() -> None:
 # --- pvesh over fleetfix's SSH transport ------------------------------------------------------------------
 
 
-class FakeNodeConnection:
-    """A node connection that answers pvesh, and records every argv it is asked to run."""
-
-    label = "pve1"
-
-    def __init__(self, result: CommandResult) -> None:
-        self.result = result
-        self.argvs: list[tuple[str, ...]] = []
-        self.closed = False
-
-    def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-        on_output: OutputSink | None = None,
-    ) -> CommandResult:
-        self.argvs.append(tuple(argv))
-        return self.result
-
-    def close(self) -> None:
-        self.closed = True
+def node_answering(result: CommandResult) -> FakeTransport:
+    """A node connection answering every command (pvesh) with result, recording what it was asked."""
+    return FakeTransport("pve1").on(ANY, result)
 
 
 def ssh_source(settings: SSHSettings | None = None) -> ProxmoxSource:
@@ -234,7 +218,7 @@ def pvesh_ok(records: object) -> CommandResult:
 
 
 def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
-    connection = FakeNodeConnection(
+    connection = node_answering(
         pvesh_ok(
             [
                 {"vmid": 200, "name": "train-a", "status": "running", "tags": "gpu", "type": "lxc"},
@@ -245,7 +229,7 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
     )
     seen: list[SSHSettings] = []
 
-    def connect(settings: SSHSettings) -> FakeNodeConnection:
+    def connect(settings: SSHSettings) -> FakeTransport:
         seen.append(settings)
         return connection
 
@@ -253,7 +237,8 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
     assert source.ssh is not None
     with Fleet(connect=connect) as fleet:
         found = fetch_ssh_listing(source, fleet=fleet)
-    assert connection.argvs == [("pvesh", "get", "/nodes/pve1/lxc", "--output-format", "json")]
+    pvesh = ("pvesh", "get", "/nodes/pve1/lxc", "--output-format", "json")
+    assert [call.argv for call in connection.calls] == [pvesh]
     assert seen == [source.ssh.node.ssh]  # the node's own settings: known_hosts policy and all
     result = Discoverer(fetch=lambda _: found).discover(source)
     assert sorted(t.name for t in result.targets) == ["pve1/201", "train-a"]
@@ -272,7 +257,7 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
 )
 def test_ssh_discovery_failures_are_one_line(result: CommandResult, expected: str) -> None:
     with (
-        Fleet(connect=lambda _: FakeNodeConnection(result)) as fleet,
+        Fleet(connect=lambda _: node_answering(result)) as fleet,
         pytest.raises(DiscoveryError) as raised,
     ):
         fetch_ssh_listing(ssh_source(), fleet=fleet)
@@ -281,7 +266,7 @@ def test_ssh_discovery_failures_are_one_line(result: CommandResult, expected: st
 
 
 def test_ssh_connect_failure_becomes_a_discovery_error() -> None:
-    def refuse(settings: SSHSettings) -> FakeNodeConnection:
+    def refuse(settings: SSHSettings) -> FakeTransport:
         raise ConnectError(f"{settings.address}:{settings.port}: connection refused")
 
     with (

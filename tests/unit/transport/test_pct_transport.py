@@ -7,7 +7,6 @@ import shlex
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -20,25 +19,14 @@ from fleetfix.guests.lxc import (
     container_error,
     pct_exec_argv,
 )
-from fleetfix.transport.base import CommandResult, OutputSink, command_line, run_script
+from fleetfix.transport.base import CommandResult, command_line, run_script
+from fleetfix.transport.fake import ANY, FakeTransport
 from fleetfix.transport.local import LocalTransport
 
 
-class RecordingNode:
-    """A node transport that records argv and answers with a canned result."""
-
-    label = "pve1"
-
-    def __init__(self, result: CommandResult) -> None:
-        self.result = result
-        self.calls: list[tuple[tuple[str, ...], bytes, float | None]] = []
-
-    def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-        on_output: OutputSink | None = None,
-    ) -> CommandResult:
-        self.calls.append((tuple(argv), stdin, timeout))
-        return self.result
+def node_answering(answer: CommandResult) -> FakeTransport:
+    """A node transport answering every command with answer, recording each call."""
+    return FakeTransport("pve1").on(ANY, answer)
 
 
 def result(code: int, stdout: str = "", stderr: str = "") -> CommandResult:
@@ -46,9 +34,9 @@ def result(code: int, stdout: str = "", stderr: str = "") -> CommandResult:
 
 
 def test_argv_is_pct_exec_with_a_clean_environment() -> None:
-    node = RecordingNode(result(0, "ok"))
+    node = node_answering(result(0, "ok"))
     PctTransport(node, 101).execute(["cat", "/etc/os-release"], stdin=b"in")
-    argv, stdin, timeout = node.calls[0]
+    argv, stdin, timeout = node.calls[0].argv, node.calls[0].stdin, node.calls[0].timeout
     assert argv == ("pct", "exec", "101", "--", "env", "-i", *CONTAINER_ENV, "cat", "/etc/os-release")
     assert (stdin, timeout) == (b"in", None)
     assert "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" in CONTAINER_ENV
@@ -59,9 +47,9 @@ def test_with_a_timeout_the_watchdog_runs_inside_the_container_first() -> None:
     env_end = argv.index(CONTAINER_ENV[-1]) + 1
     assert argv[env_end:env_end + 2] == ("/bin/sh", "-c")
     assert argv[-3:] == ("2", "sleep", "5")
-    node = RecordingNode(result(0))
+    node = node_answering(result(0))
     PctTransport(node, 101).execute(["true"], timeout=2)
-    assert node.calls[0][2] == 2 + NODE_BACKSTOP_SECONDS  # the node's deadline is only the backstop
+    assert node.calls[0].timeout == 2 + NODE_BACKSTOP_SECONDS  # the node's deadline is only the backstop
 
 
 def test_hostile_words_survive_one_round_of_quoting() -> None:
@@ -84,7 +72,7 @@ def test_hostile_words_survive_one_round_of_quoting() -> None:
 )
 def test_pct_errors_become_container_errors(stderr: str, message: str) -> None:
     with pytest.raises(GuestError) as caught:
-        PctTransport(RecordingNode(result(255, "", stderr)), 101).execute(["true"])
+        PctTransport(node_answering(result(255, "", stderr)), 101).execute(["true"])
     assert str(caught.value) == message
 
 
@@ -100,7 +88,7 @@ def test_pct_errors_become_container_errors(stderr: str, message: str) -> None:
 )
 def test_the_commands_own_stderr_is_not_mistaken_for_pct(answer: CommandResult) -> None:
     assert container_error(answer, 101, "pve1") is None
-    assert PctTransport(RecordingNode(answer), 101).execute(["x"]) is answer
+    assert PctTransport(node_answering(answer), 101).execute(["x"]) is answer
 
 
 FAKE_PCT = """#!/bin/sh
@@ -154,6 +142,6 @@ def test_timeout_inside_the_container_kills_and_reports(local_node: LocalTranspo
 )
 def test_the_containers_watchdog_marker_means_a_timeout_only_with_a_kill(code: int, timed_out: bool) -> None:
     answer = result(code, "", "fleetfix: timed out after 2s: killing the command\n")
-    outcome = PctTransport(RecordingNode(answer), 101).execute(["x"], timeout=2)
+    outcome = PctTransport(node_answering(answer), 101).execute(["x"], timeout=2)
     assert outcome.timed_out is timed_out
     assert outcome.exit_code == (124 if timed_out else code)
