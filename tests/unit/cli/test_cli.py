@@ -9,7 +9,7 @@ from click.testing import CliRunner
 
 from fleetfix.cli import main
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def invoke(*args: str) -> tuple[int, str, str]:

@@ -26,7 +26,7 @@ from fleetfix.inventory.load import (
 )
 from fleetfix.target import NODE, GuestRef
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 FIXTURES = REPO / "tests" / "fixtures" / "inventory"
 BAD = sorted((FIXTURES / "bad").glob("*.yaml"))
 EXPECT = re.compile(r"# expect: (\d+) (?:-|(\S+):) (.*)")

@@ -256,7 +256,7 @@ def test_the_proxmox_example_in_the_docs_loads() -> None:
     import re
     from pathlib import Path
 
-    docs = (Path(__file__).resolve().parents[3] / "docs" / "inventory.md").read_text()
+    docs = (Path(__file__).resolve().parents[4] / "docs" / "inventory.md").read_text()
     block = re.search(r"## Proxmox sources\n.*?```yaml\n(.*?)```", docs, re.S)
     assert block, "docs/inventory.md lost its proxmox example"
     recorder = Recorder(ct(200, "train-a", tags="gpu"))

@@ -45,7 +45,7 @@ from fleetfix.target import SSHSettings
 from fleetfix.transport.hostkeys import KnownHosts
 from fleetfix.transport.ssh import SSHConnection, load_private_key
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ROLLOUT_FIELDS = [field.name for field in dataclasses.fields(RolloutOptions)]
 TINY_PLAYBOOK = """\
 name: tiny

@@ -12,7 +12,7 @@ from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import ANY, FakeCall, FakeTransport
 
-HEALTHY = (Path(__file__).resolve().parents[1] / "fixtures" / "probe" / "healthy.json").read_text()
+HEALTHY = (Path(__file__).resolve().parents[2] / "fixtures" / "probe" / "healthy.json").read_text()
 CTIDS = (200, 201, 202)
 
 

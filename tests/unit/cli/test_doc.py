@@ -3,7 +3,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CLI_MD = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
+CLI_MD = Path(__file__).resolve().parents[3] / "docs" / "cli.md"
 
 
 def generated() -> str:
