@@ -93,3 +93,29 @@ class StoredRun:
 
     def target(self, name: str) -> TargetResult | None:
         return next((result for result in self.targets if result.target == name), None)
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    """One run in the trend: when, and how many targets it found per health."""
+
+    run: int
+    started: float
+    status: str
+    parent: int | None
+    counts: dict[str, int]
+
+    def count(self, *healths: str) -> int:
+        return sum(self.counts.get(health, 0) for health in healths)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class History:
+    """What the dashboard shows from the history beyond the run itself (AuditStore.trend and .since)."""
+
+    trend: tuple[TrendPoint, ...] = ()  # the last N runs, oldest first, this run last
+    since: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, code) -> epoch
