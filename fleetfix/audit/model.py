@@ -40,6 +40,9 @@ class TargetResult:
     facts: dict[str, Any] | None = None
     duration: float = 0.0
     ignored: tuple[str, ...] = ()  # codes the policy dropped, kept so reports can say so
+    # The Proxmox node's own facts (NodeFacts: the host's driver kernel module), for the dashboard's
+    # version matrix; not part of the JSON report, whose shape is a contract.
+    node_facts: dict[str, Any] | None = None
 
     @property
     def health(self) -> str:

@@ -114,6 +114,7 @@ MIGRATIONS: tuple[tuple[Migration, ...], ...] = (
     ),
     (  # 4: the dashboard's history: since when a target has shown a finding code; health counts per run
         "ALTER TABLE findings ADD COLUMN since REAL",
+        "ALTER TABLE target_results ADD COLUMN node_facts TEXT",  # the host driver, for the version matrix
         # the target's previous (probed) result: one seek, where (target, status) alone scans its history
         "CREATE INDEX target_results_by_target_run ON target_results(target, status, run)",
         # the trend counts health per run from the index alone, never reading the facts-heavy rows
@@ -203,11 +204,12 @@ class AuditStore:
             try:
                 self._conn.execute(
                     "INSERT OR REPLACE INTO target_results (run, target, node, ctid, status, health, error,"
-                    " duration, facts, ignored) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " duration, facts, ignored, node_facts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run_id, result.target, result.node, result.ctid, result.status, result.health,
                      result.error, result.duration,
                      None if result.facts is None else json.dumps(result.facts),
-                     json.dumps(list(result.ignored))),
+                     json.dumps(list(result.ignored)),
+                     None if result.node_facts is None else json.dumps(result.node_facts)),
                 )
                 self._conn.executemany(
                     "INSERT INTO findings (run, target, seq, code, severity, summary, evidence, fix)"
@@ -270,7 +272,8 @@ class AuditStore:
             if not info:
                 raise ConfigError(f"run {run_id} not found", path=str(self.path))
             targets = self._conn.execute(
-                "SELECT target, node, ctid, status, error, duration, facts, ignored FROM target_results"
+                "SELECT target, node, ctid, status, error, duration, facts, ignored, node_facts"
+                " FROM target_results"
                 " WHERE run = ? ORDER BY target", (run_id,),
             ).fetchall()
             findings: dict[str, list[Finding]] = {}
@@ -286,8 +289,9 @@ class AuditStore:
             TargetResult(target=name, node=node, ctid=ctid, status=status, error=error,
                          findings=tuple(findings.get(name, ())), duration=duration or 0.0,
                          facts=None if facts is None else json.loads(facts),
-                         ignored=tuple(json.loads(ignored)))
-            for name, node, ctid, status, error, duration, facts, ignored in targets
+                         ignored=tuple(json.loads(ignored)),
+                         node_facts=None if node_facts is None else json.loads(node_facts))
+            for name, node, ctid, status, error, duration, facts, ignored, node_facts in targets
         )
         return StoredRun(info[0], results)
 

@@ -72,6 +72,7 @@ def test_round_trip_of_results_and_findings(tmp_path: Path) -> None:
         findings=(finding("DPKG_INTERRUPTED", pending_updates=3),
                   finding("EXTENSION_MISSING", "warning", extension="fla")),
         facts={"hostname": "ct200"}, duration=1.5, ignored=("TORCH_CPU_ONLY",),
+        node_facts={"kernel_module_version": "570.124.06"},
     )
     down = TargetResult(target="pve2/300", node="pve2", ctid=300, status="unreachable", error="refused")
     with AuditStore(tmp_path / "a.db") as store:
