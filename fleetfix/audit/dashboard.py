@@ -148,14 +148,18 @@ def trend_chart(points: Sequence[TrendPoint], *, width: int = 560, height: int =
             last=values[-1] if values else 0,
             label_y=y(values[-1]) if values else bottom,
         ))
-    # End labels must not overlap: push them apart (at least 12 px) keeping their order.
-    placed: list[Series] = []
-    for item in sorted(series, key=lambda s: s.label_y):
-        label_y = max(item.label_y, placed[-1].label_y + 12) if placed else item.label_y
-        placed.append(Series(item.name, item.points, item.dots, item.last, label_y))
-    by_name = {s.name: s for s in placed}
+    # End labels must not overlap: 12 px apart at least, in their order, none below the axis.
+    ordered = sorted(series, key=lambda s: s.label_y)
+    ys = [s.label_y for s in ordered]
+    for i in range(1, len(ys)):
+        ys[i] = max(ys[i], ys[i - 1] + 12)
+    for i in reversed(range(len(ys))):
+        ys[i] = min(ys[i], bottom if i == len(ys) - 1 else ys[i + 1] - 12)
+    by_name = {s.name: Series(s.name, s.points, s.dots, s.last, y) for s, y in zip(ordered, ys, strict=True)}
     step = max(1, len(points) // 6)  # at most ~7 dates under the axis
-    labels = tuple((x(i), time.strftime("%m-%d", time.localtime(p.started)))
+    same_day = len({time.strftime("%Y%m%d", time.localtime(p.started)) for p in points}) == 1
+    fmt = "%H:%M" if same_day else "%m-%d"
+    labels = tuple((x(i), time.strftime(fmt, time.localtime(p.started)))
                    for i, p in enumerate(points) if i % step == 0 or i == len(points) - 1)
     ticks = tuple((y(v), v) for v in (0, y_max // 2, y_max)) if y_max > 1 else ((y(0), 0), (y(1), 1))
     return TrendChart(width, height, top, bottom, left, right, y_max, ticks, labels,
@@ -349,13 +353,17 @@ class FixCommand:
     hints: tuple[tuple[str, str], ...] = ()  # (code, what the fix does for it), when they differ
 
 
-def targeting(args: Mapping[str, Any]) -> list[str]:
-    """The options that select the same fleet as the audit run did: its inventory, or its ad-hoc host."""
-    if args.get("inventory"):
-        return ["-i", str(args["inventory"])]
-    if args.get("host"):
-        return ["--host", str(args["host"])]
-    return []
+def targeting(args: Mapping[str, Any], targets: Sequence[TargetResult]) -> list[str]:
+    """The options that select exactly these targets of the fleet the audit run looked at: `-i` (its
+    inventory, when one was given) and `--limit` with one `name:` term per target (a name term never
+    matches a group of the same name). An ad-hoc run (`--host`, no inventory) has no names to limit by:
+    its containers are named by `--ct`; its port, user and key were not recorded and must be added."""
+    if args.get("host") and not args.get("inventory"):
+        ctids = sorted({t.ctid for t in targets if t.ctid is not None})
+        return ["--host", str(args["host"]), *(word for ctid in ctids for word in ("--ct", str(ctid)))]
+    select = ["-i", str(args["inventory"])] if args.get("inventory") else []
+    names = sorted((t.target for t in targets), key=natural_key)
+    return [*select, "--limit", ",".join(f"name:{name}" for name in names)]
 
 
 def fix_commands(results: Sequence[TargetResult], args: Mapping[str, Any]) -> tuple[FixCommand, ...]:
@@ -370,19 +378,17 @@ def fix_commands(results: Sequence[TargetResult], args: Mapping[str, Any]) -> tu
             entry = found.setdefault((base, "" if base else fix.hint),
                                      {"hint": fix.hint, "codes": {}, "targets": {}, "severity": "info"})
             entry["codes"].setdefault(finding.code, fix.hint)
-            entry["targets"][result.target] = None
+            entry["targets"][result.target] = result
             if SEVERITY_RANK[finding.severity.value] < SEVERITY_RANK[entry["severity"]]:
                 entry["severity"] = finding.severity.value
-    select = targeting(args)
     commands = []
     for (base, _), entry in found.items():
         names = sorted(entry["targets"], key=natural_key)
         left_out = tuple(n for n in names if has_control(n))
-        kept = [n for n in names if not has_control(n)]
+        kept = [entry["targets"][n] for n in names if not has_control(n)]
         command = None
         if base is not None and kept:
-            command = " ".join([base, *(shlex.quote(word) for word in select),
-                                "--limit", shlex.quote(",".join(f"name:{n}" for n in kept))])
+            command = " ".join([base, *(shlex.quote(word) for word in targeting(args, kept))])
         commands.append(FixCommand(
             command=command, hint=entry["hint"], codes=tuple(entry["codes"]), severity=entry["severity"],
             targets=tuple(names), left_out=left_out,

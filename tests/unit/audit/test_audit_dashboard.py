@@ -4,6 +4,7 @@ the treatment of untrusted text; on hand-made runs, and on a real audit of the f
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shlex
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,10 @@ def test_one_command_per_fix_for_all_its_targets_quoted_exactly_as_fix_text() ->
     assert manual.command is None and manual.hint == "fix DPKG_INTERRUPTED by hand"
     assert all(f.copyable for f in (toolkit, build)) and not manual.copyable
     assert toolkit.hints == ()  # one hint for every code: shown once
-    adhoc = fix_commands(results[:1], {"host": "10.1.2.6", "inventory": None})
+    by_ct = [dataclasses.replace(r, ctid=ctid) for r, ctid in zip(results[:2], (201, 200), strict=True)]
+    adhoc = fix_commands(by_ct, {"host": "10.1.2.6", "inventory": None})
     assert adhoc[0].command is not None
-    assert adhoc[0].command.endswith(" --host 10.1.2.6 --limit name:pve1/201")
+    assert adhoc[0].command.endswith("cuda_version=12.8 --host 10.1.2.6 --ct 200 --ct 201")
 
 
 def test_control_characters_never_reach_a_command_offered_to_copy() -> None:
