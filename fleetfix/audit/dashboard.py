@@ -119,16 +119,18 @@ class TrendChart:
 TREND_SERIES = (("error", ("error",)), ("warning", ("warning",)), ("unreachable", ("unreachable", "failed")))
 
 
-def _nice_max(value: int) -> int:
+def _nice_scale(value: int) -> tuple[int, int]:
+    """The axis maximum and the tick step: at most 4 steps of a round size."""
     for step in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000):
         if value <= step * 4:
-            return max(step * ((value + step - 1) // step), step)
-    return value
+            return max(step * -(-value // step), step), step
+    return value, value
 
 
 def trend_chart(points: Sequence[TrendPoint], *, width: int = 560, height: int = 150) -> TrendChart:
     left, right, top, bottom = 40, width - 110, 10, height - 24
-    y_max = _nice_max(max((p.count(*healths) for p in points for _, healths in TREND_SERIES), default=0))
+    y_max, y_step = _nice_scale(max((p.count(*healths) for p in points for _, healths in TREND_SERIES),
+                                    default=0))
     span = max(len(points) - 1, 1)
 
     def x(index: int) -> float:
@@ -159,9 +161,12 @@ def trend_chart(points: Sequence[TrendPoint], *, width: int = 560, height: int =
     step = max(1, len(points) // 6)  # at most ~7 dates under the axis
     same_day = len({time.strftime("%Y%m%d", time.localtime(p.started)) for p in points}) == 1
     fmt = "%H:%M" if same_day else "%m-%d"
-    labels = tuple((x(i), time.strftime(fmt, time.localtime(p.started)))
-                   for i, p in enumerate(points) if i % step == 0 or i == len(points) - 1)
-    ticks = tuple((y(v), v) for v in (0, y_max // 2, y_max)) if y_max > 1 else ((y(0), 0), (y(1), 1))
+    shown = [i for i in range(len(points)) if i % step == 0 or i == len(points) - 1]
+    texts = [time.strftime(fmt, time.localtime(points[i].started)) for i in shown]
+    if len(set(texts)) < len(texts):  # runs minutes apart: their numbers tell them apart, times do not
+        texts = [f"run {points[i].run}" for i in shown]
+    labels = tuple(zip((x(i) for i in shown), texts, strict=True))
+    ticks = tuple((y(v), v) for v in range(0, y_max + 1, y_step))
     return TrendChart(width, height, top, bottom, left, right, y_max, ticks, labels,
                       tuple(by_name[name] for name, _ in TREND_SERIES), tuple(points))
 
@@ -600,6 +605,11 @@ class Dashboard:
     nodes: tuple[str, ...]
     codes: tuple[str, ...]  # every finding code present, for the filter
     started: float  # the run's start: ages are relative to it, never to the time of rendering
+
+    @property
+    def open_group(self) -> str | None:
+        """The group shown open: the worst with findings to act on (unreachable targets have none)."""
+        return next((g.id for g in self.groups if g.health in ("error", "warning")), None)
 
     def age(self, since: float | None) -> str:
         return "" if since is None else age(self.started - since)

@@ -1,5 +1,5 @@
 """The audit's HTML dashboard opens in a real browser: headless Chromium renders the file (file://, no
-network), its inline JS runs (the filter from the URL hash dims grid cells, hides groups and counts), and
+network), its inline JS runs (the filter from the URL hash fades grid cells, hides groups and counts), and
 each section shows what the two recorded audit runs of the lab hold. A screenshot per section at desktop
 width must not be blank. Without Chromium it skips, except under CI=true, where it fails (.ci/run installs
 Debian's `chromium`)."""
@@ -80,8 +80,8 @@ def test_html_dashboard_renders_in_headless_chromium(
     # The fleet: one node row, one cell per target linking to its group; the filter ran (health=error).
     cells = dom.find("a", "fleet", class_="c")
     assert sorted(c["title"] for c in cells) == sorted(targets)
-    dimmed = {c["title"] for c in cells if "dim" in c["class"].split()}
-    assert dimmed == {plain_name}
+    matched = {c["title"] for c in cells if "m" in c["class"].split()}
+    assert matched == {broken_name} and "filtering" in dom.find("div", "fleet", id="grid")[0]["class"]
     assert "showing 1 of 2 targets" in dom.text("fleet")
     # Problems: one group per distinct set of findings; the filter hid the other group.
     groups = dom.find("details", "problems", class_="group")
@@ -133,7 +133,7 @@ def test_dashboard_renders_everything_without_javascript(
     nojs = tmp_path / "nojs.html"
     nojs.write_text(page.replace("<script>", '<script type="text/plain">', 1))  # never runs
     dom = Dom(dump_dom(browser, nojs.as_uri()))
-    assert "showing" not in dom.text("fleet")
+    assert "showing" not in dom.text("fleet") and "filtering" not in dom.find("div", id="grid")[0]["class"]
     assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" in dom.text("problems")
     assert "fleetfix apply playbooks/cuda-toolkit.yaml" in dom.text("fixes")
     assert all("hidden" in b for b in dom.find("button", "fixes"))

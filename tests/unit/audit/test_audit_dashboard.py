@@ -229,7 +229,7 @@ def test_trend_chart_geometry() -> None:
               for run, counts in enumerate([{"error": 3, "healthy": 5}, {"error": 7, "warning": 6},
                                             {"error": 7, "warning": 7, "unreachable": 1, "failed": 1}], 1)]
     chart = trend_chart(points)
-    assert chart.y_max == 8 and [v for _, v in chart.y_ticks] == [0, 4, 8]
+    assert chart.y_max == 8 and [v for _, v in chart.y_ticks] == [0, 2, 4, 6, 8]
     error, warning, unreachable = chart.series
     assert [error.last, warning.last, unreachable.last] == [7, 7, 2]
     xs = [float(p.split(",")[0]) for p in error.points.split()]
