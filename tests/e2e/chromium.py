@@ -112,7 +112,8 @@ class Dom(HTMLParser):
 def only_section(page: str, section: str, extra: str = "") -> str:
     """The page showing one section alone (the others and the header hidden), for its screenshot."""
     style = (f"<style>body > header, main > section:not(#{section}) {{ display: none !important; }}"
-             f" main > section#{section} {{ border-top: 0; }}</style>")
+             f" main > section#{section} {{ border-top: 0; content-visibility: visible !important; }}"
+             "</style>")
     return page.replace("</head>", style + "</head>", 1).replace("</body>", extra + "</body>", 1)
 
 
