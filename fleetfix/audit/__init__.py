@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetfix.audit.drift import Drift, compute_drift
-from fleetfix.audit.model import RunInfo, StoredRun, TargetResult
+from fleetfix.audit.model import History, RunInfo, StoredRun, TargetResult
 from fleetfix.audit.policy import (
     DEFAULT_POLICY,
     Policy,
@@ -36,11 +36,15 @@ from fleetfix.fleet import Fleet
 from fleetfix.probe.run import TargetReport, probe_targets
 from fleetfix.target import Target
 
+# How many runs the HTML report's trend shows: a month of nightly runs.
+TREND_RUNS = 30
+
 __all__ = [
     "DEFAULT_POLICY",
     "AuditRun",
     "AuditStore",
     "Drift",
+    "History",
     "Policy",
     "Remediation",
     "RunInfo",
@@ -56,10 +60,11 @@ __all__ = [
 
 @dataclass(frozen=True)
 class AuditRun:
-    """A recorded run and its drift against the baseline."""
+    """A recorded run, its drift against the baseline, and the history the HTML dashboard shows."""
 
     run: StoredRun
     drift: Drift
+    history: History = field(default_factory=History)
     report_kind: ClassVar[str] = "audit"
 
     @property
@@ -109,15 +114,18 @@ class AuditHistory:
         return [run.to_json() for run in self.runs]
 
 
-def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None) -> AuditRun:
+def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None,
+               trend_runs: int = TREND_RUNS) -> AuditRun:
     """A stored run with its drift against `baseline` (default: the audit run it remediated, for a
-    re-probe run; else the previous complete run)."""
+    re-probe run; else the previous complete run), and its history: the trend of the last `trend_runs`
+    runs and since when each finding has been seen (two indexed queries, cheap at any history size)."""
     run = store.load(run_id)
     base_id = baseline if baseline is not None else run.info.parent
     if base_id is None:
         base_id = store.previous_complete(run_id)
     previous = store.load(base_id) if base_id is not None else None
-    return AuditRun(run, compute_drift(previous, run))
+    history = History(trend=tuple(store.trend(run_id, limit=trend_runs)), since=store.since(run_id))
+    return AuditRun(run, compute_drift(previous, run), history)
 
 
 def _probe_into(

@@ -40,6 +40,9 @@ class TargetResult:
     facts: dict[str, Any] | None = None
     duration: float = 0.0
     ignored: tuple[str, ...] = ()  # codes the policy dropped, kept so reports can say so
+    # The Proxmox node's own facts (NodeFacts: the host's driver kernel module), for the dashboard's
+    # version matrix; not part of the JSON report, whose shape is a contract.
+    node_facts: dict[str, Any] | None = None
 
     @property
     def health(self) -> str:
@@ -93,3 +96,29 @@ class StoredRun:
 
     def target(self, name: str) -> TargetResult | None:
         return next((result for result in self.targets if result.target == name), None)
+
+
+@dataclass(frozen=True)
+class TrendPoint:
+    """One run in the trend: when, and how many targets it found per health."""
+
+    run: int
+    started: float
+    status: str
+    parent: int | None
+    counts: dict[str, int]
+
+    def count(self, *healths: str) -> int:
+        return sum(self.counts.get(health, 0) for health in healths)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+
+@dataclass(frozen=True)
+class History:
+    """What the dashboard shows from the history beyond the run itself (AuditStore.trend and .since)."""
+
+    trend: tuple[TrendPoint, ...] = ()  # the last N runs, oldest first, this run last
+    since: dict[tuple[str, str], float] = field(default_factory=dict)  # (target, code) -> epoch

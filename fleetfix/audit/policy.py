@@ -173,6 +173,7 @@ def evaluate(policy: Policy, report: TargetReport) -> TargetResult:
         status=report.status, error=None if report.error is None else str(report.error), findings=findings,
         facts=report.facts.model_dump(mode="json") if report.facts else None,
         duration=report.duration, ignored=ignored,
+        node_facts=report.node.model_dump(mode="json") if report.node else None,
     )
 
 

@@ -17,8 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
+from markupsafe import Markup
 
 from fleetfix.audit import AuditRun
+from fleetfix.audit.dashboard import build_dashboard, clean
+from fleetfix.audit.dashboard import when as short_when
 from fleetfix.audit.drift import Drift
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
@@ -156,11 +159,23 @@ def json_report(run: AuditRun) -> dict[str, Any]:
 # ---------------------------------------------------------------- HTML
 
 
+def _shown(value: Any) -> Any:
+    """Every {{ value }} of the page passes here before it is escaped: control, bidi and line-separator
+    characters from a target become visible escapes. Markup is the template's own (tojson keeps the
+    newlines it indents with; JSON already escapes control characters inside its strings)."""
+    if isinstance(value, Markup):
+        return Markup(clean(str(value), keep_newlines=True))
+    if isinstance(value, str):
+        return clean(value)
+    return value
+
+
 def _environment() -> jinja2.Environment:
     template_dir = resources.files("fleetfix.audit") / "templates"
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
         autoescape=True,  # every value comes from targets (names, error text, evidence): escape it all
+        finalize=_shown,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -168,10 +183,11 @@ def _environment() -> jinja2.Environment:
 
 
 def html_report(run: AuditRun) -> str:
+    """The dashboard (fleetfix.audit.dashboard computes it; the template lays it out): one file, no
+    external assets, usable without JavaScript, which only adds filtering, hover details and copy."""
     template = _environment().get_template("report.html.j2")
     return template.render(
-        run=run, info=run.info, drift=run.drift, counts=health_counts(run), when=_when,
-        severity_rank={s: i for i, s in enumerate(HEALTH_ORDER)},
+        run=run, info=run.info, dash=build_dashboard(run), when=short_when,
         remediation=remediation_lines(run),
     )
 

@@ -8,6 +8,12 @@ killed mid-write leaves the WAL to be recovered by the next open.
 
 Schema changes go in MIGRATIONS: entry N turns a version N-1 database into version N (`PRAGMA
 user_version`), each in its own transaction, so an old database is upgraded in place on open.
+
+The dashboard's history (the trend of the last N runs, since when each target has shown each finding code)
+must stay cheap at 10,000 targets x 365 runs. So "since" is not searched for at read time (that would walk
+every target's whole history); it is carried forward at write time: a finding row's `since` is the `since`
+of the same code in the target's previous result, or the start of its own run when the code is new. One
+indexed lookup per recorded target; reading it back is one range scan of the run.
 """
 
 from __future__ import annotations
@@ -17,12 +23,12 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from fleetfix.audit.model import RunInfo, StoredRun, TargetResult
+from fleetfix.audit.model import RunInfo, StoredRun, TargetResult, TrendPoint
 from fleetfix.errors import ConfigError
 from fleetfix.paths import default_state_dir
 from fleetfix.probe import Finding
@@ -30,8 +36,39 @@ from fleetfix.probe import Finding
 DB_ENV = "FLEETFIX_AUDIT_DB"
 DB_FILE = "audit.db"
 
+# How a finding's `since` is carried forward (see the module docstring). The target's previous result is
+# its newest earlier *probed* result when this one was probed (a night it was unreachable does not end a
+# streak: its problem did not go away), else its newest earlier result of any kind (STALE_AUDIT is raised
+# on unprobed targets). Appended to: a WHERE clause choosing the rows of `findings` to fill in.
+_SINCE_UPDATE = """
+UPDATE findings SET since = COALESCE(
+    (SELECT MIN(p.since) FROM findings p
+      WHERE p.run = (
+        CASE (SELECT c.status FROM target_results c WHERE c.run = findings.run AND c.target = findings.target)
+        WHEN 'ok' THEN (SELECT MAX(t.run) FROM target_results t
+                         WHERE t.target = findings.target AND t.status = 'ok' AND t.run < findings.run)
+        ELSE (SELECT MAX(t.run) FROM target_results t
+               WHERE t.target = findings.target AND t.run < findings.run)
+        END)
+      -- unary + keeps the planner on the primary key (run, target): findings_by_code (code, run)
+      -- would scan every target of that run with the code
+      AND p.target = findings.target AND +p.code = findings.code),
+    (SELECT r.started FROM runs r WHERE r.id = findings.run))
+"""
+
+Migration = str | Callable[[sqlite3.Connection], None]
+
+
+def _backfill_since(conn: sqlite3.Connection) -> None:
+    """Fill in `since` for the findings recorded before v4, run by run in order (each run reads the one
+    before it): once, when an old database is opened, one statement per run."""
+    for (run_id,) in conn.execute("SELECT id FROM runs ORDER BY id").fetchall():
+        conn.execute(_SINCE_UPDATE + " WHERE run = ?", (run_id,))
+
+
 # MIGRATIONS[n - 1] upgrades version n - 1 to n. Never edit an entry once released: append a new one.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
+# An entry is SQL statements, or a function for a data migration SQL alone cannot express.
+MIGRATIONS: tuple[tuple[Migration, ...], ...] = (
     (  # 1: the tables
         """CREATE TABLE runs (
             id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -75,6 +112,15 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE runs ADD COLUMN remediation TEXT",
         "CREATE INDEX target_results_by_target ON target_results(target, status)",
     ),
+    (  # 4: the dashboard's history: since when a target has shown a finding code; health counts per run
+        "ALTER TABLE findings ADD COLUMN since REAL",
+        "ALTER TABLE target_results ADD COLUMN node_facts TEXT",  # the host driver, for the version matrix
+        # the target's previous (probed) result: one seek, where (target, status) alone scans its history
+        "CREATE INDEX target_results_by_target_run ON target_results(target, status, run)",
+        # the trend counts health per run from the index alone, never reading the facts-heavy rows
+        "CREATE INDEX target_results_by_run_health ON target_results(run, health)",
+        _backfill_since,
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -96,7 +142,10 @@ def migrate(conn: sqlite3.Connection, *, target_version: int = SCHEMA_VERSION) -
         conn.execute("BEGIN IMMEDIATE")
         try:
             for statement in MIGRATIONS[version - 1]:
-                conn.execute(statement)
+                if isinstance(statement, str):
+                    conn.execute(statement)
+                else:
+                    statement(conn)
             conn.execute(f"PRAGMA user_version = {version:d}")  # PRAGMA takes no parameters
         except BaseException:
             conn.execute("ROLLBACK")
@@ -155,11 +204,12 @@ class AuditStore:
             try:
                 self._conn.execute(
                     "INSERT OR REPLACE INTO target_results (run, target, node, ctid, status, health, error,"
-                    " duration, facts, ignored) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " duration, facts, ignored, node_facts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (run_id, result.target, result.node, result.ctid, result.status, result.health,
                      result.error, result.duration,
                      None if result.facts is None else json.dumps(result.facts),
-                     json.dumps(list(result.ignored))),
+                     json.dumps(list(result.ignored)),
+                     None if result.node_facts is None else json.dumps(result.node_facts)),
                 )
                 self._conn.executemany(
                     "INSERT INTO findings (run, target, seq, code, severity, summary, evidence, fix)"
@@ -169,6 +219,9 @@ class AuditStore:
                       json.dumps(f.fix.model_dump(mode="json")))
                      for seq, f in enumerate(result.findings)],
                 )
+                if result.findings:
+                    self._conn.execute(_SINCE_UPDATE + " WHERE run = ? AND target = ?",
+                                       (run_id, result.target))
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
@@ -219,7 +272,8 @@ class AuditStore:
             if not info:
                 raise ConfigError(f"run {run_id} not found", path=str(self.path))
             targets = self._conn.execute(
-                "SELECT target, node, ctid, status, error, duration, facts, ignored FROM target_results"
+                "SELECT target, node, ctid, status, error, duration, facts, ignored, node_facts"
+                " FROM target_results"
                 " WHERE run = ? ORDER BY target", (run_id,),
             ).fetchall()
             findings: dict[str, list[Finding]] = {}
@@ -235,8 +289,9 @@ class AuditStore:
             TargetResult(target=name, node=node, ctid=ctid, status=status, error=error,
                          findings=tuple(findings.get(name, ())), duration=duration or 0.0,
                          facts=None if facts is None else json.loads(facts),
-                         ignored=tuple(json.loads(ignored)))
-            for name, node, ctid, status, error, duration, facts, ignored in targets
+                         ignored=tuple(json.loads(ignored)),
+                         node_facts=None if node_facts is None else json.loads(node_facts))
+            for name, node, ctid, status, error, duration, facts, ignored, node_facts in targets
         )
         return StoredRun(info[0], results)
 
@@ -260,6 +315,38 @@ class AuditStore:
         return self._scalar(
             "SELECT MIN(r.started) FROM runs r JOIN target_results t ON t.run = r.id WHERE t.target = ?",
             target)
+
+    def since(self, run_id: int) -> dict[tuple[str, str], float]:
+        """(target, finding code) -> since when the target has shown that code without a break (the start
+        of the first run of the streak), for every finding of run_id. See the module docstring."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT target, code, MIN(since) FROM findings WHERE run = ? AND since IS NOT NULL"
+                " GROUP BY target, code", (run_id,),
+            ).fetchall()
+        return {(target, code): float(since) for target, code, since in rows}
+
+    def trend(self, run_id: int, *, limit: int) -> list[TrendPoint]:
+        """Targets per health in the last `limit` complete runs up to run_id (and run_id itself, complete or
+        not), oldest first. Incomplete runs are left out: a killed audit's few targets read as a dip."""
+        with self._lock:
+            runs = self._conn.execute(
+                "SELECT id, started, status, parent FROM runs"
+                " WHERE id <= ? AND (status = 'complete' OR id = ?) ORDER BY id DESC LIMIT ?",
+                (run_id, run_id, limit),
+            ).fetchall()
+            counts: dict[int, dict[str, int]] = {row[0]: {} for row in runs}
+            if runs:
+                oldest = min(counts)
+                for run, health, count in self._conn.execute(
+                    "SELECT run, health, COUNT(*) FROM target_results WHERE run BETWEEN ? AND ?"
+                    " GROUP BY run, health", (oldest, run_id),
+                ):
+                    if run in counts:
+                        counts[run][health] = int(count)
+        return [TrendPoint(run=int(run), started=float(started), status=status,
+                           parent=None if parent is None else int(parent), counts=counts[run])
+                for run, started, status, parent in reversed(runs)]
 
     def _scalar(self, query: str, *params: Any) -> float | None:
         with self._lock:

@@ -1,132 +1,140 @@
-"""The audit's HTML report opens in a real browser: headless Chromium renders the file (file://, no network),
-its inline JS runs (the filter from the URL hash hides rows and counts them), and the page shows the
-targets, finding codes and the drift section. Without Chromium it skips, except under CI=true, where it
-fails (.ci/run installs Debian's `chromium`)."""
+"""The audit's HTML dashboard opens in a real browser: headless Chromium renders the file (file://, no
+network), its inline JS runs (the filter from the URL hash fades grid cells, hides groups and counts), and
+each section shows what the two recorded audit runs of the lab hold. A screenshot per section at desktop
+width must not be blank. Without Chromium it skips, except under CI=true, where it fails (.ci/run installs
+Debian's `chromium`)."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
-import struct
-import subprocess
-import zlib
 from collections.abc import Callable
-from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
+from fleetfix.probe import Fix
 from tests.conftest import in_ci
-from tests.e2e.conftest import host_args, run_cli
+from tests.e2e.chromium import (
+    DESKTOP,
+    SECTIONS,
+    Dom,
+    dump_dom,
+    find_chromium,
+    png_colours,
+    png_size,
+    screenshot_section,
+)
+from tests.e2e.conftest import run_cli, write_inventory
 from tests.e2e.scenarios import problem_case
 from tests.lab.bed import Lab
 from tests.lab.container import Container
 
-WINDOW = (1280, 1400)
-# As root, without the sandbox; everything that would phone home is off, and every host name fails to
-# resolve: the page must render from the file alone (and this test bed talks to loopback only).
-CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--disable-default-apps", "--no-proxy-server", "--host-resolver-rules=MAP * ~NOTFOUND",
-    f"--window-size={WINDOW[0]},{WINDOW[1]}",
-]
-
 
 def chromium() -> str:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
+    found = find_chromium()
+    if found:
+        return found
     message = "headless Chromium is not installed (apt-get install chromium)"
     if in_ci():
         pytest.fail(f"CI=true and {message}", pytrace=False)
     pytest.skip(message)
 
 
-def run_chromium(browser: str, profile: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    profile.mkdir()  # a new, empty profile per run: nothing remembered between runs
-    return subprocess.run([browser, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
-                          capture_output=True, text=True, timeout=120)
-
-
-class _Page(HTMLParser):
-    """The visible text of the dumped DOM, and the style of each target row (set by the inline JS)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.text: list[str] = []
-        self.rows: list[tuple[str, str]] = []  # (data-health, style) per target row
-        self._skip = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        values = dict(attrs)
-        if tag in ("script", "style"):
-            self._skip += 1
-        if tag == "tr" and values.get("data-health"):
-            self.rows.append((values["data-health"] or "", values.get("style") or ""))
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in ("script", "style"):
-            self._skip -= 1
-
-    def handle_data(self, data: str) -> None:
-        if not self._skip and data.strip():
-            self.text.append(" ".join(data.split()))
-
-
-def png_pixels(path: Path) -> tuple[int, int, bytes]:
-    """Width, height and the decompressed scanlines of a PNG (enough to tell a page from a blank)."""
-    data = path.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    offset, width, height, idat = 8, 0, 0, b""
-    while offset < len(data):
-        (length,), kind = struct.unpack(">I", data[offset:offset + 4]), data[offset + 4:offset + 8]
-        chunk = data[offset + 8:offset + 8 + length]
-        if kind == b"IHDR":
-            width, height = struct.unpack(">II", chunk[:8])
-        elif kind == b"IDAT":
-            idat += chunk
-        offset += 12 + length
-    return width, height, zlib.decompress(idat)
-
-
-def test_html_report_renders_in_headless_chromium(
+def test_html_dashboard_renders_in_headless_chromium(
     lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
 ) -> None:
     browser = chromium()
     broken, plain = make_ct(setup=problem_case), make_ct()
+    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(broken.ctid, {}), (plain.ctid, {})])
     db, html = tmp_path / "audit.db", tmp_path / "report.html"
-    audit = ["audit", *host_args(lab, None, broken.ctid, plain.ctid), "--db", str(db)]
-    assert run_cli(*audit).exit_code == 3
+    audit = ["audit", "-i", str(inventory), "--db", str(db)]
+    first = run_cli(*audit, "--json")
+    assert first.exit_code == 3, first.stdout + first.stderr
     broken.sh("mkdir -p /var/lib/dpkg/updates && echo 'Package: x' > /var/lib/dpkg/updates/0001")
     second = run_cli(*audit, "--json", "--html", str(html))
     assert second.exit_code == 3, second.stdout + second.stderr
-    healths = {t["target"]: t["health"] for t in second.json()["targets"]}
-    broken_name = next(name for name in healths if name.endswith(f"/{broken.ctid}"))
-    assert healths[broken_name] == "error" and len(set(healths.values())) == 2, healths
+    report = second.json()
+    targets = {t["target"]: t for t in report["targets"]}
+    broken_name = next(name for name in targets if name.endswith(f"/{broken.ctid}"))
+    plain_name = next(name for name in targets if name != broken_name)
+    assert targets[broken_name]["health"] == "error" and targets[plain_name]["health"] != "error"
 
-    url = html.resolve().as_uri() + "#health=error"
-    dumped = run_chromium(browser, tmp_path / "profile-dom", "--dump-dom", url)
-    assert dumped.returncode == 0, dumped.stderr[-2000:]
-    page = _Page()
-    page.feed(dumped.stdout)
-    text = " ".join(page.text)
-    for name in healths:
-        assert name in text
-    for code in ("DPKG_INTERRUPTED", "CUDA_RUNTIME_WITHOUT_TOOLKIT"):
-        assert code in text
-    assert "Drift" in text and f"New: {broken_name} — error DPKG_INTERRUPTED" in text
-    # The inline JS ran: it read the filter from the URL hash, hid the other row and counted.
-    assert "showing 1 of 2 targets" in text
-    assert sorted(page.rows) == sorted((health, "" if health == "error" else "display: none;")
-                                       for health in healths.values())
+    dom = Dom(dump_dom(browser, html.resolve().as_uri() + "#health=error"))
+    assert set(SECTIONS) <= set(dom.sections)
+    # At a glance: the counts, the trend of both runs (chart and its table), the codes as filter links.
+    glance = dom.text("glance")
+    assert re.search(r"\b2 targets\b", glance) and re.search(r"\b1 error\b", glance)
+    runs = [str(first.json()["run"]["id"]), str(report["run"]["id"])]
+    rows = re.findall(r"(\d+) \d{4}-\d\d-\d\d \d\d:\d\d (\d+) (\d+) (\d+) (\d+)", glance)
+    assert [row[0] for row in rows] == runs and rows[-1][1] == "1" and rows[-1][4] == "2"
+    assert len(dom.find("polyline", "glance")) == 3 and len(dom.find("circle", "glance")) == 6
+    bars = {a["data-code"]: a["href"] for a in dom.find("a", "glance") if "data-code" in a}
+    assert bars["CUDA_RUNTIME_WITHOUT_TOOLKIT"] == "#code=CUDA_RUNTIME_WITHOUT_TOOLKIT"
+    # What changed: the interrupted dpkg is new on the broken CT; its toolkit problem is older.
+    drift = dom.text("drift")
+    assert "+ new error DPKG_INTERRUPTED" in drift and broken_name in drift
+    assert re.search(r"CUDA_RUNTIME_WITHOUT_TOOLKIT 1 \d{4}-\d\d-\d\d \d\d:\d\d \(\d+ min\) same", drift)
+    # The fleet: one node row, one cell per target linking to its group; the filter ran (health=error).
+    cells = dom.find("a", "fleet", class_="c")
+    assert sorted(c["title"] for c in cells) == sorted(targets)
+    matched = {c["title"] for c in cells if "m" in c["class"].split()}
+    assert matched == {broken_name} and "filtering" in dom.find("div", "fleet", id="grid")[0]["class"]
+    assert "showing 1 of 2 targets" in dom.text("fleet")
+    # Problems: one group per distinct set of findings; the filter hid the other group.
+    groups = dom.find("details", "problems", class_="group")
+    assert len(groups) == 2
+    shown = [g for g in groups if "hidden" not in g]
+    assert [g["data-health"] for g in shown] == ["error"]
+    assert {"DPKG_INTERRUPTED", "CUDA_RUNTIME_WITHOUT_TOOLKIT"} <= set(shown[0]["data-codes"].split())
+    assert {c["href"] for c in cells if c["title"] == broken_name} == {"#" + shown[0]["id"]}
+    problems = dom.text("problems")
+    assert broken_name in problems and "dpkg --configure -a" in problems
+    # Fixes: the exact apply line, Fix.text()'s own quoting, for the affected targets, with a copy button.
+    finding = next(f for f in targets[broken_name]["findings"] if f["code"] == "CUDA_RUNTIME_WITHOUT_TOOLKIT")
+    fix = Fix.model_validate(finding["fix"])
+    command = (Fix(playbook=fix.playbook, vars=fix.vars, hint="").text()
+               + f" -i {inventory} --limit name:{broken_name}")
+    fixes = dom.text("fixes")
+    assert command in fixes
+    assert dom.find("button", "fixes", class_="copy") and not [b for b in dom.find("button") if "hidden" in b]
+    # Versions: torch's CUDA 12.8 without a toolkit is the mismatch.
+    versions = dom.text("versions")
+    assert re.search(r"12\.8 none \S+ .*✗ mismatch no toolkit for CUDA 12\.8", versions), versions
 
-    screenshot = tmp_path / "report.png"
-    shot = run_chromium(browser, tmp_path / "profile-shot", f"--screenshot={screenshot}", url)
-    assert shot.returncode == 0 and screenshot.exists(), shot.stderr[-2000:]
-    width, height, pixels = png_pixels(screenshot)
-    assert (width, height) == WINDOW
-    assert screenshot.stat().st_size > 10_000 and len(set(pixels)) > 50, "the screenshot looks blank"
-    if os.environ.get("FLEETFIX_KEEP_SCREENSHOT"):  # for a person to look at
-        shutil.copyfile(screenshot, os.environ["FLEETFIX_KEEP_SCREENSHOT"])
+    # A filter typed as a link: the code filter from a bar, the search box from q=.
+    link = html.resolve().as_uri() + "#code=DPKG_INTERRUPTED&q=" + quote(plain_name)
+    by_code = Dom(dump_dom(browser, link))
+    assert "showing 0 of 2 targets" in by_code.text("fleet")
+
+    for section in SECTIONS:
+        png = tmp_path / f"{section}.png"
+        width, height = screenshot_section(browser, html, section, png)
+        assert png_size(png) == (width, height) == (DESKTOP, height) and height > 100
+        assert png_colours(png) > 50, f"the {section} screenshot looks blank"
+        if os.environ.get("FLEETFIX_KEEP_SCREENSHOTS"):  # for a person to look at
+            shutil.copyfile(png, Path(os.environ["FLEETFIX_KEEP_SCREENSHOTS"]) / png.name)
+
+
+def test_dashboard_renders_everything_without_javascript(
+    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
+) -> None:
+    """With scripts off, the essentials are there: every section, every group and command, no filter bar
+    (it needs the script), no copy buttons."""
+    browser = chromium()
+    broken = make_ct(setup=problem_case)
+    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(broken.ctid, {})])
+    html = tmp_path / "report.html"
+    audit = run_cli("audit", "-i", str(inventory), "--db", str(tmp_path / "a.db"), "--html", str(html))
+    assert audit.exit_code == 3
+    page = html.read_text()
+    nojs = tmp_path / "nojs.html"
+    nojs.write_text(page.replace("<script>", '<script type="text/plain">', 1))  # never runs
+    dom = Dom(dump_dom(browser, nojs.as_uri()))
+    assert "showing" not in dom.text("fleet") and "filtering" not in dom.find("div", id="grid")[0]["class"]
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" in dom.text("problems")
+    assert "fleetfix apply playbooks/cuda-toolkit.yaml" in dom.text("fixes")
+    assert all("hidden" in b for b in dom.find("button", "fixes"))
+    assert "nojs-hide" in dom.find("form", "fleet")[0]["class"]

@@ -168,3 +168,15 @@ def test_a_reachable_target_never_goes_stale(tmp_path: Path) -> None:
             policy = load_policy(write(tmp_path, "max_age: {unreachable_days: 1}\n"))
             run = run_audit(fleet, [target], policy=policy, store=store)
     assert not [f for f in run.targets[0].findings if f.code == "STALE_AUDIT"]
+
+
+def test_evaluate_keeps_the_node_facts_for_the_version_matrix_but_not_in_json() -> None:
+    from fleetfix.probe import NodeFacts
+    from fleetfix.probe.run import TargetReport
+
+    node = NodeFacts(hostname="pve1", kernel_module_version="570.124.06", kernel_module_flavor="open")
+    report = TargetReport(make_target("pve1", 200), "ok", None, node)
+    result = evaluate(DEFAULT_POLICY, report)
+    assert result.node_facts is not None and result.node_facts["kernel_module_version"] == "570.124.06"
+    assert "node_facts" not in result.to_json()  # the JSON report keeps its shape
+    assert evaluate(DEFAULT_POLICY, TargetReport(make_target("pve1", 201), "unreachable")).node_facts is None

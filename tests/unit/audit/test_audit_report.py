@@ -41,19 +41,28 @@ def test_html_is_escaped_and_self_contained(audit: AuditRun, tmp_path: Path) -> 
     hostile = TargetResult("pve9/<b>x</b>", "pve9", 9, "failed", error="<script>alert(1)</script>")
     evil = TargetResult("pve9/2", "pve9", 2, "ok", findings=(
         finding("DISK_LOW", "warning", path='/"><img src=x onerror=alert(1)>'),))
-    run = AuditRun(type(audit.run)(audit.info, (*audit.targets, hostile, evil)), audit.drift)
+    forged = TargetResult("pve9/3\x1b[2K\u202e", "pve9", 3, "unreachable", error="refused\r\nok: all healthy")
+    run = AuditRun(type(audit.run)(audit.info, (*audit.targets, hostile, evil, forged)), audit.drift)
     page = html_report(run)
     assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
     assert "<b>x</b>" not in page and "<img src=x" not in page
-    # No external assets: no tag loads anything, one inline script; the injected markup stayed text.
+    # Control and bidi characters from a target are shown as escapes, never written raw.
+    assert not {"\x1b", "\u202e", "\r"} & set(page)
+    assert "pve9/3\\x1b[2K\\u202e" in page and "refused\\x0d\\x0aok: all healthy" in page
+    # No external assets: nothing loads anything, links are in-page anchors, one inline script.
     tags = html_tags(page)
-    assert not [t for t in tags if t[0] in ("link", "img", "iframe") or {"src", "href"} & set(t[1])]
+    assert not [t for t in tags if t[0] in ("link", "img", "iframe", "object", "embed", "base")]
+    assert not [t for t in tags if "src" in t[1]]
+    assert {href[:1] for href in re.findall(r'href="([^"]*)"', page)} == {"#"}
     assert [t[0] for t in tags].count("script") == 1
-    assert not re.search(r"@import|url\(", page)
-    # The content a reader needs: drift before targets, findings with evidence and fix.
-    assert page.index('id="drift"') < page.index('id="targets"')
-    assert "New: pve1/201" in page and "DPKG_INTERRUPTED" in page
-    assert "Fix: fleetfix apply playbooks/cuda-toolkit.yaml" in page
+    assert not re.search(r"@import|url\(|fetch\(|XMLHttpRequest|\bimport\(", page)
+    # The sections, in the order a person reads them, drift before the details.
+    order = [page.index(f'<section id="{name}"') for name in
+             ("glance", "drift", "fleet", "problems", "fixes", "versions")]
+    assert order == sorted(order)
+    assert re.search(r'k-new">\+ new</td>\s*<td><span class="badge h-error">error</span> '
+                     r'<span class="mono">DPKG_INTERRUPTED</span>', page)
+    assert "fleetfix apply playbooks/cuda-toolkit.yaml" in page
     assert '&#34;pending_updates&#34;: 3' in page or '"pending_updates": 3' in page
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -71,6 +72,7 @@ def test_round_trip_of_results_and_findings(tmp_path: Path) -> None:
         findings=(finding("DPKG_INTERRUPTED", pending_updates=3),
                   finding("EXTENSION_MISSING", "warning", extension="fla")),
         facts={"hostname": "ct200"}, duration=1.5, ignored=("TORCH_CPU_ONLY",),
+        node_facts={"kernel_module_version": "570.124.06"},
     )
     down = TargetResult(target="pve2/300", node="pve2", ctid=300, status="unreachable", error="refused")
     with AuditStore(tmp_path / "a.db") as store:
@@ -144,3 +146,110 @@ def test_killed_audit_leaves_an_incomplete_run_with_its_finished_targets(tmp_pat
     assert [t.target for t in run.targets] == ["pve1/200", "pve1/201"]
     problem = run.target("pve1/201")
     assert problem is not None and "CUDA_RUNTIME_WITHOUT_TOOLKIT" in {f.code for f in problem.findings}
+
+
+# ---------------------------------------------------------------- the dashboard's history
+
+
+def _result(target: str, *codes: str, status: str = "ok") -> TargetResult:
+    return TargetResult(target=target, node=target.split("/")[0], ctid=None, status=status,
+                        findings=tuple(finding(code) for code in codes))
+
+
+def _record_run(store: AuditStore, started: float, *results: TargetResult, complete: bool = True) -> int:
+    run_id = store.start_run(started=started)
+    for result in results:
+        store.record_target(run_id, result)
+    if complete:
+        store.finish_run(run_id, finished=started + 1)
+    return run_id
+
+
+def test_since_is_carried_while_a_code_stays_and_restarts_when_it_went_away(tmp_path: Path) -> None:
+    with AuditStore(tmp_path / "a.db") as store:
+        _record_run(store, 100.0, _result("pve1/200", "DPKG_INTERRUPTED"), _result("pve1/201"))
+        _record_run(store, 200.0, _result("pve1/200", "DPKG_INTERRUPTED", "DISK_LOW"),
+                    _result("pve1/201", "DISK_LOW"))
+        # 201 unreachable for a night: its problem did not go away, so its streak goes on
+        _record_run(store, 300.0, _result("pve1/200", "DISK_LOW"), _result("pve1/201", status="unreachable"))
+        killed = _record_run(store, 350.0, _result("pve1/200"), complete=False)  # a real observation
+        fourth = _record_run(store, 400.0, _result("pve1/200", "DPKG_INTERRUPTED", "DISK_LOW"),
+                             _result("pve1/201", "DISK_LOW"))
+        assert store.since(fourth) == {
+            ("pve1/200", "DPKG_INTERRUPTED"): 400.0,  # gone in run 3: it came back, a new streak
+            ("pve1/200", "DISK_LOW"): 400.0,          # the killed run saw 200 without it
+            ("pve1/201", "DISK_LOW"): 200.0,
+        }
+        assert store.since(killed) == {}
+
+
+def test_since_of_stale_audit_follows_unprobed_results(tmp_path: Path) -> None:
+    with AuditStore(tmp_path / "a.db") as store:
+        _record_run(store, 100.0, _result("pve1/200", status="unreachable"))
+        _record_run(store, 200.0, _result("pve1/200", "STALE_AUDIT", status="unreachable"))
+        third = _record_run(store, 300.0, _result("pve1/200", "STALE_AUDIT", status="unreachable"))
+        assert store.since(third) == {("pve1/200", "STALE_AUDIT"): 200.0}
+
+
+def test_trend_counts_health_per_run_for_the_last_complete_runs(tmp_path: Path) -> None:
+    with AuditStore(tmp_path / "a.db") as store:
+        first = _record_run(store, 100.0, _result("pve1/200"), _result("pve1/201", "DISK_LOW"))
+        second = _record_run(store, 200.0, _result("pve1/200", status="unreachable"),
+                             _result("pve1/201", "DPKG_INTERRUPTED"), _result("pve1/202"))
+        _record_run(store, 250.0, _result("pve1/200", "DISK_LOW"), complete=False)  # killed: left out
+        third = _record_run(store, 300.0, _result("pve1/200"), _result("pve1/201"))
+        current = _record_run(store, 400.0, _result("pve1/200", "DPKG_INTERRUPTED"), complete=False)
+        later = _record_run(store, 500.0, _result("pve1/200"))
+        points = store.trend(current, limit=3)
+        assert [p.run for p in points] == [second, third, current]  # oldest first; the current run kept
+        assert [p.started for p in points] == [200.0, 300.0, 400.0]
+        assert points[0].counts == {"unreachable": 1, "error": 1, "healthy": 1}
+        assert (points[0].count("error", "unreachable"), points[0].total) == (2, 3)
+        assert points[-1].status == "incomplete" and points[-1].counts == {"error": 1}
+        assert [p.run for p in store.trend(later, limit=10)] == [first, second, third, later]
+        assert store.trend(first, limit=1)[0].counts == {"healthy": 1, "error": 1}
+        assert store.trend(0, limit=5) == []
+
+
+def test_history_queries_use_indexes_not_scans(tmp_path: Path) -> None:
+    """At 10,000 targets x 365 runs a scan of target_results or findings is millions of rows: every
+    query the dashboard and the recording make must be an index search."""
+    from fleetfix.audit.store import _SINCE_UPDATE
+
+    with AuditStore(tmp_path / "a.db") as store:
+        conn = store._conn
+        plans = {
+            "since": "SELECT target, code, MIN(since) FROM findings WHERE run = 1 AND since IS NOT NULL"
+                     " GROUP BY target, code",
+            "trend": "SELECT run, health, COUNT(*) FROM target_results WHERE run BETWEEN 1 AND 9"
+                     " GROUP BY run, health",
+            "record": _SINCE_UPDATE + " WHERE run = 1 AND target = 'pve1/200'",
+        }
+        for name, query in plans.items():
+            plan = " | ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + query))
+            assert "SEARCH" in plan, (name, plan)
+            assert not re.search(r"\bSCAN (findings|target_results|t|c|p|r)\b(?! USING)", plan), (name, plan)
+        trend = " ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + plans["trend"]))
+        assert "COVERING INDEX target_results_by_run_health" in trend
+        record = " ".join(row[-1] for row in conn.execute("EXPLAIN QUERY PLAN " + plans["record"]))
+        assert "target_results_by_target_run" in record
+        # by (run, target), not by (code, run): that would read every target of the run with the code
+        assert "findings_by_code" not in record
+
+
+def test_v3_database_gets_since_backfilled_from_its_history(tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target_version=3)
+    for run, started in ((1, 100.0), (2, 200.0), (3, 300.0)):
+        conn.execute("INSERT INTO runs (id, started, status) VALUES (?, ?, 'complete')", (run, started))
+        conn.execute("INSERT INTO target_results (run, target, node, status, health)"
+                     " VALUES (?, 'pve1/200', 'pve1', 'ok', 'error')", (run,))
+        codes = ["DPKG_INTERRUPTED"] + (["DISK_LOW"] if run == 3 else [])
+        for seq, code in enumerate(codes):
+            conn.execute("INSERT INTO findings (run, target, seq, code, severity, summary)"
+                         " VALUES (?, 'pve1/200', ?, ?, 'error', 's')", (run, seq, code))
+    conn.close()
+    with AuditStore(path) as store:
+        assert store.since(3) == {("pve1/200", "DPKG_INTERRUPTED"): 100.0, ("pve1/200", "DISK_LOW"): 300.0}
+        assert store.since(1) == {("pve1/200", "DPKG_INTERRUPTED"): 100.0}

@@ -1,0 +1,636 @@
+"""The HTML dashboard's view model: everything the page shows, computed here from a run and its history.
+
+Pure (no I/O, no clock): `build_dashboard(run)` -> `Dashboard`, which the template only lays out. What a
+team brings to the morning report decides the sections: how many targets are in trouble and whether that
+is getting better (glance + trend), where the trouble sits (a grid of nodes x guests), what changed last
+night (drift, with since when each problem has been there), which problems there are rather than which
+targets (groups of targets with the same findings: 140 identical failures are one line), what to run to
+fix them (one `fleetfix apply` line per fix, for all its targets) and which versions run where.
+
+Nothing from a target is trusted: the template escapes every value (autoescape) and `clean()` makes control
+and bidi characters visible before that, so a name cannot hide text or forge a line. A fix command is
+offered to copy only when it contains no such character; targets whose names do are left out of it, named.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import time
+import unicodedata
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fleetfix.audit import AuditRun
+from fleetfix.audit.drift import IDENTITY_KEYS
+from fleetfix.audit.model import HEALTH_ORDER, TargetResult, TrendPoint
+from fleetfix.probe import Finding, Fix
+from fleetfix.probe.rules import MIN_DRIVER_BY_MAJOR
+
+# Worst first: the order groups, fixes and bars are sorted by.
+HEALTH_RANK = {health: rank for rank, health in enumerate(reversed(HEALTH_ORDER))}
+SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
+# How many finding codes the glance's bar chart shows.
+TOP_CODES = 8
+
+# ---------------------------------------------------------------- untrusted text
+
+# Cc (C0/C1 controls: ESC, CR, ...), Cf (bidi overrides, zero-width characters), Zl/Zp (line breaks).
+_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
+
+
+def _unsafe_char(char: str) -> bool:
+    return unicodedata.category(char) in _UNSAFE_CATEGORIES
+
+
+def has_control(text: str) -> bool:
+    # isprintable() is False for every unsafe category (and for a few harmless ones): a fast pre-check.
+    return not text.isprintable() and any(_unsafe_char(char) for char in text)
+
+
+def clean(text: str, *, keep_newlines: bool = False) -> str:
+    """The text with every control, format (bidi, zero-width) and line-separator character shown as a
+    visible escape (\\x1b, \\u202e): a value from a target can neither hide text nor start a new line."""
+    if not has_control(text):
+        return text
+    kept = "\n\t" if keep_newlines else ""
+    return "".join(
+        char if char in kept or not _unsafe_char(char)
+        else (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
+        for char in text
+    )
+
+
+def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
+    """pve1/9 before pve1/10: digit runs compare as numbers."""
+    return tuple((0, int(part)) if part.isdigit() else (1, part)
+                 for part in re.split(r"(\d+)", text) if part)
+
+
+def when(epoch: float | None) -> str:
+    return "-" if epoch is None else time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
+
+
+def age(seconds: float) -> str:
+    """A duration as a person says it: '5 min', '3 h', '4 d'."""
+    if seconds < 3600:
+        return f"{max(0, round(seconds / 60))} min"
+    if seconds < 2 * 86400:
+        return f"{round(seconds / 3600)} h"
+    return f"{round(seconds / 86400)} d"
+
+
+# ---------------------------------------------------------------- the glance
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str  # "error" | "warning" | "unreachable"
+    points: str  # SVG polyline points "x,y x,y"
+    dots: tuple[tuple[float, float, str], ...]  # x, y, tooltip
+    last: int
+    label_y: float
+
+
+@dataclass(frozen=True)
+class TrendChart:
+    """A line chart of error / warning / unreachable targets per run, geometry computed here so the page
+    needs no script to draw it."""
+
+    width: int
+    height: int
+    top: int
+    bottom: int  # y of the x axis
+    left: int
+    right: int
+    y_max: int
+    y_ticks: tuple[tuple[float, int], ...]
+    x_labels: tuple[tuple[float, str], ...]
+    series: tuple[Series, ...]
+    rows: tuple[TrendPoint, ...]  # the same numbers as a table
+
+    @property
+    def empty(self) -> bool:
+        return not self.rows
+
+
+TREND_SERIES = (("error", ("error",)), ("warning", ("warning",)), ("unreachable", ("unreachable", "failed")))
+
+
+def _nice_scale(value: int) -> tuple[int, int]:
+    """The axis maximum and the tick step: at most 4 steps of a round size."""
+    for step in (1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000):
+        if value <= step * 4:
+            return max(step * -(-value // step), step), step
+    return value, value
+
+
+def trend_chart(points: Sequence[TrendPoint], *, width: int = 560, height: int = 150) -> TrendChart:
+    left, right, top, bottom = 40, width - 110, 10, height - 24
+    y_max, y_step = _nice_scale(max((p.count(*healths) for p in points for _, healths in TREND_SERIES),
+                                    default=0))
+    span = max(len(points) - 1, 1)
+
+    def x(index: int) -> float:
+        return round(left + (right - left) * (index / span if len(points) > 1 else 0.5), 1)
+
+    def y(value: int) -> float:
+        return round(bottom - (bottom - top) * value / y_max, 1)
+
+    series = []
+    for name, healths in TREND_SERIES:
+        values = [p.count(*healths) for p in points]
+        series.append(Series(
+            name=name,
+            points=" ".join(f"{x(i)},{y(v)}" for i, v in enumerate(values)),
+            dots=tuple((x(i), y(v), f"run {p.run} ({when(p.started)}): {v} {name}")
+                       for i, (p, v) in enumerate(zip(points, values, strict=True))),
+            last=values[-1] if values else 0,
+            label_y=y(values[-1]) if values else bottom,
+        ))
+    # End labels must not overlap: 12 px apart at least, in their order, none below the axis.
+    ordered = sorted(series, key=lambda s: s.label_y)
+    ys = [s.label_y for s in ordered]
+    for i in range(1, len(ys)):
+        ys[i] = max(ys[i], ys[i - 1] + 12)
+    for i in reversed(range(len(ys))):
+        ys[i] = min(ys[i], bottom if i == len(ys) - 1 else ys[i + 1] - 12)
+    by_name = {s.name: Series(s.name, s.points, s.dots, s.last, y) for s, y in zip(ordered, ys, strict=True)}
+    step = max(1, len(points) // 6)  # at most ~7 dates under the axis
+    same_day = len({time.strftime("%Y%m%d", time.localtime(p.started)) for p in points}) == 1
+    fmt = "%H:%M" if same_day else "%m-%d"
+    shown = [i for i in range(len(points)) if i % step == 0 or i == len(points) - 1]
+    texts = [time.strftime(fmt, time.localtime(points[i].started)) for i in shown]
+    if len(set(texts)) < len(texts):  # runs minutes apart: their numbers tell them apart, times do not
+        texts = [f"run {points[i].run}" for i in shown]
+    labels = tuple(zip((x(i) for i in shown), texts, strict=True))
+    ticks = tuple((y(v), v) for v in range(0, y_max + 1, y_step))
+    return TrendChart(width, height, top, bottom, left, right, y_max, ticks, labels,
+                      tuple(by_name[name] for name, _ in TREND_SERIES), tuple(points))
+
+
+@dataclass(frozen=True)
+class CodeBar:
+    code: str
+    targets: int
+    severity: str  # the worst severity the code has anywhere in the fleet
+    percent: float  # bar length, of the most frequent code
+
+
+@dataclass(frozen=True)
+class Glance:
+    total: int
+    counts: dict[str, int]  # per health, HEALTH_ORDER, zeros included
+    trend: TrendChart
+    codes: tuple[CodeBar, ...]
+    more_codes: int  # codes left out of the bar chart
+
+
+def _code_bars(results: Sequence[TargetResult]) -> tuple[tuple[CodeBar, ...], int]:
+    targets: Counter[str] = Counter()
+    worst: dict[str, str] = {}
+    for result in results:
+        targets.update({f.code for f in result.findings})
+        for finding in result.findings:
+            worst[finding.code] = min(worst.get(finding.code, "info"), finding.severity.value,
+                                      key=SEVERITY_RANK.__getitem__)
+    ranked = sorted(targets.items(), key=lambda item: (-item[1], SEVERITY_RANK[worst[item[0]]], item[0]))
+    top = max((n for _, n in ranked), default=1)
+    bars = tuple(CodeBar(code, n, worst[code], round(100 * n / top, 1)) for code, n in ranked[:TOP_CODES])
+    return bars, max(0, len(ranked) - TOP_CODES)
+
+
+# ---------------------------------------------------------------- problem groups
+
+
+@dataclass(frozen=True)
+class GroupFinding:
+    code: str
+    severity: str
+    summary: str  # the first target's: summaries may carry per-target numbers
+    summary_varies: bool
+    evidence: dict[str, Any]
+    fix_text: str  # exactly Fix.text()
+
+
+@dataclass(frozen=True)
+class GroupTarget:
+    name: str
+    node: str
+    since: float | None  # the oldest of its current findings' since
+    error: str | None
+
+
+@dataclass(frozen=True)
+class ProblemGroup:
+    id: str  # "g1": the anchor grid cells link to
+    health: str
+    findings: tuple[GroupFinding, ...]
+    targets: tuple[GroupTarget, ...]
+    nodes: tuple[tuple[str, int], ...]  # affected nodes, most affected first
+    since: float | None  # the oldest since of any of its targets
+    ignored: tuple[tuple[str, int], ...]  # codes the policy ignored on its targets, and on how many
+
+    @property
+    def codes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f.code for f in self.findings))
+
+    @property
+    def title(self) -> str:
+        if self.findings:
+            return ", ".join(self.codes)
+        return {"healthy": "no findings", "unreachable": "unreachable", "failed": "probe failed"}.get(
+            self.health, self.health)
+
+
+def _identity(finding: Finding) -> tuple[tuple[str, str], ...]:
+    return tuple((key, str(finding.evidence[key])) for key in IDENTITY_KEYS
+                 if finding.evidence.get(key) is not None)
+
+
+def _finding_key(finding: Finding) -> tuple[Any, ...]:
+    # Same problem = same code, severity, identity (which extension, which apt source) and the same fix;
+    # never the summary, whose numbers (free MiB, pending updates) differ from target to target.
+    return (finding.code, finding.severity.value, _identity(finding), finding.fix.text())
+
+
+def _group_key(result: TargetResult) -> tuple[Any, ...]:
+    status = "ok" if result.reachable else result.status
+    return (status, tuple(sorted(_finding_key(f) for f in result.findings)))
+
+
+def target_since(result: TargetResult, since: Mapping[tuple[str, str], float]) -> float | None:
+    found = [since[(result.target, f.code)] for f in result.findings if (result.target, f.code) in since]
+    return min(found) if found else None
+
+
+def problem_groups(results: Sequence[TargetResult], since: Mapping[tuple[str, str], float]
+                   ) -> tuple[ProblemGroup, ...]:
+    """Targets with the same findings as one group each, worst health first, then the biggest."""
+    members: dict[tuple[Any, ...], list[TargetResult]] = defaultdict(list)
+    for result in results:
+        members[_group_key(result)].append(result)
+    drafts = []
+    for group in members.values():
+        first = group[0]
+        summaries: dict[tuple[Any, ...], set[str]] = defaultdict(set)
+        for member in group:
+            for finding in member.findings:
+                summaries[_finding_key(finding)].add(finding.summary)
+        findings = tuple(
+            GroupFinding(
+                code=f.code, severity=f.severity.value, summary=f.summary,
+                summary_varies=len(summaries[_finding_key(f)]) > 1,
+                evidence=dict(f.evidence), fix_text=f.fix.text(),
+            )
+            for f in sorted(first.findings, key=lambda f: SEVERITY_RANK[f.severity.value])
+        )
+        targets = tuple(sorted(
+            (GroupTarget(r.target, r.node, target_since(r, since), r.error) for r in group),
+            key=lambda t: natural_key(t.name)))
+        nodes = Counter(r.node for r in group)
+        ignored = Counter(code for r in group for code in r.ignored)
+        sinces = [t.since for t in targets if t.since is not None]
+        drafts.append((first.health, findings, targets,
+                       tuple(sorted(nodes.items(), key=lambda item: (-item[1], natural_key(item[0])))),
+                       min(sinces) if sinces else None, tuple(sorted(ignored.items()))))
+    drafts.sort(key=lambda d: (HEALTH_RANK[d[0]], -len(d[2]), natural_key(d[2][0].name)))
+    return tuple(ProblemGroup(f"g{index}", *draft) for index, draft in enumerate(drafts, start=1))
+
+
+# ---------------------------------------------------------------- the grid
+
+
+@dataclass(frozen=True)
+class GridCell:
+    name: str
+    health: str
+    group: str  # the id of its problem group
+
+
+@dataclass(frozen=True)
+class GridRow:
+    node: str
+    cells: tuple[GridCell, ...]
+    counts: tuple[tuple[str, int], ...]  # per health present, worst first
+
+    @property
+    def worst(self) -> str:
+        return self.counts[0][0] if self.counts else "healthy"
+
+
+def grid_rows(results: Sequence[TargetResult], groups: Sequence[ProblemGroup]) -> tuple[GridRow, ...]:
+    """Nodes as rows, their guests (and the node itself, when it is a target) as cells in name order, so
+    a cell keeps its place from one night to the next. Built from the recorded node and target names."""
+    group_of = {t.name: g.id for g in groups for t in g.targets}
+    by_node: dict[str, list[TargetResult]] = defaultdict(list)
+    for result in results:
+        by_node[result.node].append(result)
+    rows = []
+    for node in sorted(by_node, key=natural_key):
+        members = sorted(by_node[node], key=lambda r: natural_key(r.target))
+        counts = Counter(r.health for r in members)
+        rows.append(GridRow(
+            node=node,
+            cells=tuple(GridCell(r.target, r.health, group_of[r.target]) for r in members),
+            counts=tuple(sorted(counts.items(), key=lambda item: HEALTH_RANK[item[0]])),
+        ))
+    return tuple(rows)
+
+
+# ---------------------------------------------------------------- fixes
+
+
+@dataclass(frozen=True)
+class FixCommand:
+    """One fix for every target that needs it: the `fleetfix apply` line to paste, or, for a fix that is
+    a manual step, its hint and the targets."""
+
+    command: str | None  # None: no playbook, a manual step
+    hint: str  # the first finding's hint; `hints` has each code's
+    codes: tuple[str, ...]
+    severity: str
+    targets: tuple[str, ...]
+    left_out: tuple[str, ...] = ()  # targets whose names hold control characters
+    copyable: bool = True  # False: the command itself holds control characters (shown escaped)
+    hints: tuple[tuple[str, str], ...] = ()  # (code, what the fix does for it), when they differ
+
+
+def targeting(args: Mapping[str, Any], targets: Sequence[TargetResult]) -> list[str]:
+    """The options that select exactly these targets of the fleet the audit run looked at: `-i` (its
+    inventory, when one was given) and `--limit` with one `name:` term per target (a name term never
+    matches a group of the same name). An ad-hoc run (`--host`, no inventory) has no names to limit by:
+    its containers are named by `--ct`; its port, user and key were not recorded and must be added."""
+    if args.get("host") and not args.get("inventory"):
+        ctids = sorted({t.ctid for t in targets if t.ctid is not None})
+        return ["--host", str(args["host"]), *(word for ctid in ctids for word in ("--ct", str(ctid)))]
+    select = ["-i", str(args["inventory"])] if args.get("inventory") else []
+    names = sorted((t.target for t in targets), key=natural_key)
+    return [*select, "--limit", ",".join(f"name:{name}" for name in names)]
+
+
+def fix_commands(results: Sequence[TargetResult], args: Mapping[str, Any]) -> tuple[FixCommand, ...]:
+    """One entry per distinct fix: `Fix.text()`'s own command (its quoting untouched) with `-i` and
+    `--limit` naming exactly the targets whose findings it fixes (`name:` terms match names only, never a
+    group of the same name). Worst severity first, then the most targets."""
+    found: dict[tuple[str | None, str], dict[str, Any]] = {}
+    for result in results:
+        for finding in result.findings:
+            fix = finding.fix
+            base = Fix(playbook=fix.playbook, vars=fix.vars, hint="").text() if fix.playbook else None
+            entry = found.setdefault((base, "" if base else fix.hint),
+                                     {"hint": fix.hint, "codes": {}, "targets": {}, "severity": "info"})
+            entry["codes"].setdefault(finding.code, fix.hint)
+            entry["targets"][result.target] = result
+            if SEVERITY_RANK[finding.severity.value] < SEVERITY_RANK[entry["severity"]]:
+                entry["severity"] = finding.severity.value
+    commands = []
+    for (base, _), entry in found.items():
+        names = sorted(entry["targets"], key=natural_key)
+        left_out = tuple(n for n in names if has_control(n))
+        kept = [entry["targets"][n] for n in names if not has_control(n)]
+        command = None
+        if base is not None and kept:
+            command = " ".join([base, *(shlex.quote(word) for word in targeting(args, kept))])
+        commands.append(FixCommand(
+            command=command, hint=entry["hint"], codes=tuple(entry["codes"]), severity=entry["severity"],
+            targets=tuple(names), left_out=left_out,
+            copyable=command is not None and not has_control(command),
+            hints=tuple(entry["codes"].items()) if len(set(entry["codes"].values())) > 1 else (),
+        ))
+    commands.sort(key=lambda c: (c.command is None, SEVERITY_RANK[c.severity], -len(c.targets),
+                                 c.command or c.hint))
+    return tuple(commands)
+
+
+# ---------------------------------------------------------------- versions
+
+
+@dataclass(frozen=True)
+class StackRow:
+    torch_cuda: str
+    toolkits: str
+    driver: str
+    gpus: tuple[tuple[str, int], ...]  # GPU models (as "2 x NVIDIA H200" per target) and on how many
+    targets: tuple[str, ...]
+    nodes: tuple[tuple[str, int], ...]
+    verdict: str  # "ok" | "warning" | "error" | "unknown"
+    note: str
+
+
+@dataclass(frozen=True)
+class VersionMatrix:
+    rows: tuple[StackRow, ...]  # one per combination, mismatches first, then the most targets
+    torch_versions: tuple[str, ...]  # the pivot: torch CUDA (rows) x toolkits (columns)
+    toolkit_sets: tuple[str, ...]
+    pivot: dict[tuple[str, str], tuple[int, str]]  # -> (targets, verdict)
+    unprobed: int  # targets without facts (unreachable, failed)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)) or (0,)
+
+
+def _stack(result: TargetResult) -> tuple[tuple[str, str, str, str, str], str] | None:
+    """((torch CUDA, toolkits, driver, verdict, note), GPU) of a probed target; None if not probed."""
+    facts = result.facts
+    if not facts:
+        return None
+    cudas = sorted({str(env["torch"]["cuda"]) if env["torch"].get("cuda") else "CPU build"
+                    for env in facts.get("pythons") or () if env.get("torch")})
+    torch_cuda = " + ".join(cudas) if cudas else "no torch"
+    installed = (facts.get("cuda") or {}).get("toolkits") or ()
+    kits = sorted({str(t.get("version") or t.get("path")) for t in installed}, key=_version, reverse=True)
+    toolkits = " + ".join(kits) if kits else "none"
+    gpu = facts.get("gpu") or {}
+    node_driver = (result.node_facts or {}).get("kernel_module_version")
+    driver = node_driver or gpu.get("driver_version") or "unknown"
+    names = Counter(str(name) for name in gpu.get("names") or ())
+    gpu_text = ", ".join(f"{n} x {name}" if n > 1 else name for name, n in sorted(names.items()))
+    verdict, note = _verdict(cudas, kits, None if driver == "unknown" else driver)
+    return (torch_cuda, toolkits, driver, verdict, note), gpu_text or "none visible"
+
+
+def _verdict(cudas: Sequence[str], kits: Sequence[str], driver: str | None) -> tuple[str, str]:
+    """Whether the stack can build CUDA extensions for its torch and run them: the toolkit must match
+    torch's CUDA major.minor (another minor of the same major usually builds, another major does not),
+    and the driver must be new enough for that CUDA major."""
+    wanted = [c for c in cudas if c != "CPU build"]
+    if not wanted:
+        return ("unknown", "no CUDA torch") if not cudas else ("ok", "CPU-only torch")
+    notes, verdict = [], "ok"
+    for cuda in wanted:
+        version = _version(cuda)
+        kit_versions = [_version(k) for k in kits]
+        if version[:2] in (k[:2] for k in kit_versions):
+            notes.append(f"toolkit matches CUDA {cuda}")
+        elif version[:1] in (k[:1] for k in kit_versions):
+            notes.append(f"minor mismatch: toolkit {', '.join(kits)} for CUDA {cuda}")
+            verdict = "error" if verdict == "error" else "warning"
+        elif kits:
+            notes.append(f"major mismatch: toolkit {', '.join(kits)} for CUDA {cuda}")
+            verdict = "error"
+        else:
+            notes.append(f"no toolkit for CUDA {cuda}")
+            verdict = "error"
+        minimum = MIN_DRIVER_BY_MAJOR.get(version[0])
+        if driver and minimum and _version(driver)[:1] < minimum:
+            notes.append(f"driver {driver} too old for CUDA {version[0]} (needs ≥ {minimum[0]})")
+            verdict = "error"
+    return verdict, "; ".join(notes)
+
+
+VERDICT_RANK = {"error": 0, "warning": 1, "unknown": 2, "ok": 3}
+
+
+def version_matrix(results: Sequence[TargetResult]) -> VersionMatrix:
+    combos: dict[tuple[str, str, str, str, str], list[TargetResult]] = defaultdict(list)
+    gpus: dict[tuple[str, str, str, str, str], Counter[str]] = defaultdict(Counter)
+    unprobed = 0
+    for result in results:
+        stack = _stack(result)
+        if stack is None:
+            unprobed += 1
+        else:
+            combos[stack[0]].append(result)
+            gpus[stack[0]][stack[1]] += 1
+    rows = []
+    pivot: dict[tuple[str, str], tuple[int, str]] = {}
+    for key, members in combos.items():
+        torch_cuda, toolkits, driver, verdict, note = key
+        nodes = Counter(r.node for r in members)
+        rows.append(StackRow(
+            torch_cuda, toolkits, driver, tuple(gpus[key].most_common()),
+            tuple(sorted((r.target for r in members), key=natural_key)),
+            tuple(sorted(nodes.items(), key=lambda item: (-item[1], natural_key(item[0])))),
+            verdict, note,
+        ))
+        count, worst = pivot.get((torch_cuda, toolkits), (0, "ok"))
+        # A pivot cell shows the worst verdict among its combinations (drivers may differ).
+        worst = min(worst, verdict, key=VERDICT_RANK.__getitem__)
+        pivot[(torch_cuda, toolkits)] = (count + len(members), worst)
+    rows.sort(key=lambda r: (VERDICT_RANK[r.verdict], -len(r.targets), r.torch_cuda, r.toolkits, r.driver))
+    torch_versions = tuple(sorted({r.torch_cuda for r in rows}, key=_version, reverse=True))
+    toolkit_sets = tuple(sorted({r.toolkits for r in rows}, key=_version, reverse=True))
+    return VersionMatrix(tuple(rows), torch_versions, toolkit_sets, pivot, unprobed)
+
+
+# ---------------------------------------------------------------- drift
+
+
+@dataclass(frozen=True)
+class DriftItem:
+    kind: str  # "new" | "resolved" | "severity"
+    code: str
+    severity: str
+    previous: str | None  # the severity before, for "severity"
+    summary: str
+    targets: tuple[tuple[str, float | None], ...]  # name, since when it has shown the code
+
+
+@dataclass(frozen=True)
+class OpenProblem:
+    """A finding code still present, unchanged since the baseline: how many targets, since when."""
+
+    code: str
+    severity: str
+    targets: int
+    oldest: float | None
+    newest: float | None
+
+
+@dataclass(frozen=True)
+class DriftView:
+    baseline: int | None
+    items: tuple[DriftItem, ...]
+    became_unreachable: tuple[str, ...]
+    recovered: tuple[str, ...]
+    appeared: tuple[str, ...]
+    vanished: tuple[str, ...]
+    still_open: tuple[OpenProblem, ...]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.items or self.became_unreachable or self.recovered or self.appeared or self.vanished)
+
+    def count(self, kind: str) -> int:
+        return sum(len(item.targets) for item in self.items if item.kind == kind)
+
+
+def drift_view(run: AuditRun) -> DriftView:
+    drift, since = run.drift, run.history.since
+    grouped: dict[tuple[str, str, str, str | None], dict[str, Any]] = {}
+    changes = ([("new", c) for c in drift.new_findings] + [("severity", c) for c in drift.severity_changed]
+               + [("resolved", c) for c in drift.resolved_findings])
+    for kind, change in changes:
+        key = (kind, change.finding.code, change.finding.severity.value, change.previous_severity)
+        entry = grouped.setdefault(key, {"summary": change.finding.summary, "targets": {}})
+        entry["targets"][change.target] = None if kind == "resolved" else since.get((change.target,
+                                                                                        change.finding.code))
+    order = {"new": 0, "severity": 1, "resolved": 2}
+    items = sorted(
+        (DriftItem(kind, code, severity, previous, entry["summary"],
+                   tuple(sorted(entry["targets"].items(), key=lambda item: natural_key(item[0]))))
+         for (kind, code, severity, previous), entry in grouped.items()),
+        key=lambda i: (order[i.kind], SEVERITY_RANK[i.severity], -len(i.targets), i.code))
+    changed = {(c.target, c.finding.code) for _, c in changes}
+    still: dict[tuple[str, str], list[float | None]] = defaultdict(list)
+    if drift.baseline is not None:
+        for result in run.targets:
+            for code, severity in dict.fromkeys((f.code, f.severity.value) for f in result.findings):
+                if (result.target, code) not in changed and result.target not in drift.appeared:
+                    still[(code, severity)].append(since.get((result.target, code)))
+    still_open = tuple(sorted(
+        (OpenProblem(code, severity, len(values), min((v for v in values if v is not None), default=None),
+                     max((v for v in values if v is not None), default=None))
+         for (code, severity), values in still.items()),
+        key=lambda p: (SEVERITY_RANK[p.severity], -p.targets, p.code)))
+    return DriftView(drift.baseline, tuple(items), tuple(drift.became_unreachable), tuple(drift.recovered),
+                     tuple(drift.appeared), tuple(drift.vanished), still_open)
+
+
+# ---------------------------------------------------------------- the page
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    glance: Glance
+    drift: DriftView
+    grid: tuple[GridRow, ...]
+    groups: tuple[ProblemGroup, ...]
+    fixes: tuple[FixCommand, ...]
+    versions: VersionMatrix
+    nodes: tuple[str, ...]
+    codes: tuple[str, ...]  # every finding code present, for the filter
+    started: float  # the run's start: ages are relative to it, never to the time of rendering
+
+    @property
+    def open_group(self) -> str | None:
+        """The group shown open: the worst with findings to act on (unreachable targets have none)."""
+        return next((g.id for g in self.groups if g.health in ("error", "warning")), None)
+
+    def age(self, since: float | None) -> str:
+        return "" if since is None else age(self.started - since)
+
+
+def build_dashboard(run: AuditRun) -> Dashboard:
+    results = run.targets
+    counts = dict.fromkeys(HEALTH_ORDER, 0)
+    for result in results:
+        counts[result.health] = counts.get(result.health, 0) + 1
+    bars, more = _code_bars(results)
+    groups = problem_groups(results, run.history.since)
+    codes = sorted({f.code for r in results for f in r.findings})
+    return Dashboard(
+        glance=Glance(len(results), counts, trend_chart(run.history.trend), bars, more),
+        drift=drift_view(run),
+        grid=grid_rows(results, groups),
+        groups=groups,
+        fixes=fix_commands(results, run.info.args),
+        versions=version_matrix(results),
+        nodes=tuple(sorted({r.node for r in results}, key=natural_key)),
+        codes=tuple(codes),
+        started=run.info.started,
+    )
