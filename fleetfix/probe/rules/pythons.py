@@ -1,0 +1,44 @@
+"""Python environment notes: interpreters that are missing or broken, torch absent or CPU-only."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fleetfix.probe.rules.base import Context, Finding, Severity, finding
+
+
+def python_problems(ctx: Context) -> Iterator[Finding]:
+    for env in ctx.facts.pythons:
+        if not env.found:
+            yield finding(
+                "PYTHON_NOT_FOUND", Severity.INFO,
+                f"python interpreter {env.interpreter!r} not found on this target",
+                {"interpreter": env.interpreter},
+                hint="set the container's `python` var in the inventory to the interpreter or venv in use",
+            )
+        elif env.error:
+            yield finding(
+                "PYTHON_PROBE_FAILED", Severity.WARNING,
+                f"could not inspect {env.interpreter}: {env.error}",
+                {"interpreter": env.interpreter, "executable": env.executable, "error": env.error},
+                hint="check that it is a working Python 3 interpreter",
+            )
+
+
+def torch_notes(ctx: Context) -> Iterator[Finding]:
+    working = [e for e in ctx.facts.pythons if e.found and not e.error]
+    if working and not ctx.facts.torch_envs:
+        yield finding(
+            "TORCH_NOT_FOUND", Severity.INFO,
+            "no inspected python environment has torch: nothing CUDA-related to check",
+            {"interpreters": [e.interpreter for e in working]},
+            hint="name the venv's interpreter in the inventory if torch lives elsewhere",
+        )
+    for env in ctx.facts.torch_envs:
+        if env.torch and not env.torch.cuda:
+            yield finding(
+                "TORCH_CPU_ONLY", Severity.INFO,
+                f"torch {env.torch.version} in {env.interpreter} is a CPU-only build: no toolkit needed",
+                {"interpreter": env.interpreter, "torch_version": env.torch.version},
+                hint="install a CUDA build of torch if this target should use its GPU",
+            )
