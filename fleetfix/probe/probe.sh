@@ -179,6 +179,29 @@ probe_apt() {
     done
     printf '],"nvidia_keys":['
     probe_keys
+    printf ']'
+    # apt >= 2.9 ships no apt-key (Debian 13 has none): advice to run it must know.
+    printf ',"apt_key":'; if have apt-key; then printf true; else printf false; fi
+    probe_nvidia_index
+    printf '}'
+}
+
+# What NVIDIA's repository really carries, from apt's own downloaded index of it (no network): the
+# cuda-nvcc-X-Y packages in .../lists/*compute_cuda_repos*_Packages, one grep over all of them.
+probe_nvidia_index() {
+    set --
+    for _f in "$R"/var/lib/apt/lists/*compute_cuda_repos*_Packages; do
+        [ -f "$_f" ] && set -- "$@" "$_f"
+    done
+    printf ',"nvidia_index":{"files":%s,"nvcc":[' "$#"
+    [ $# -gt 0 ] || { printf ']}'; return 0; }
+    _seen=; SEP=
+    for _v in $(grep -h '^Package: cuda-nvcc-[0-9]*-[0-9]*$' "$@" 2>/dev/null); do
+        case $_v in cuda-nvcc-*) _v=${_v#cuda-nvcc-} ;; *) continue ;; esac
+        case " $_seen " in *" $_v "*) continue ;; esac
+        _seen="$_seen $_v"
+        printf '%s"%s"' "$SEP" "$_v"; SEP=,
+    done
     printf ']}'
 }
 
@@ -465,7 +488,31 @@ probe_cuda() {
                 js "$_name"; printf ',"version":'; js "${_line#*"$TAB"}"; printf '}' ;;
         esac
     done
-    printf ']}'
+    printf ']'
+    probe_env_cuda_home
+    printf '}'
+}
+
+# CUDA_HOME / CUDA_PATH set for logins (/etc/environment, /etc/profile.d, root's profile files): a build
+# started from a shell uses it before anything on PATH. The last literal assignment wins; a value that
+# expands something ($VAR) is not resolved, it is reported as it is written.
+probe_env_cuda_home() {
+    set --
+    for _f in "$R/etc/environment" "$R"/etc/profile.d/*.sh "$R/etc/profile" "$R/root/.profile" \
+        "$R/root/.bashrc" "$R/root/.bash_profile"; do
+        [ -f "$_f" ] && set -- "$@" "$_f"
+    done
+    _home=; _from=
+    if [ $# -gt 0 ]; then
+        _hits=$(grep -E '^[[:space:]]*(export[[:space:]]+)?CUDA_(HOME|PATH)=' "$@" 2>/dev/null)
+        _last=${_hits##*"$NL"}
+        if [ -n "$_last" ]; then
+            case $# in 1) _from=${1#"$R"}; _val=$_last ;; *) _from=${_last%%:*}; _from=${_from#"$R"}; _val=${_last#*:} ;; esac
+            _val=${_val#*=}; trim "$_val"; unquote "$TRIM"; _home=$UNQ
+        fi
+    fi
+    printf ',"env_cuda_home":'; jn "$_home"
+    printf ',"env_cuda_home_file":'; jn "$_from"
 }
 
 # ---------------------------------------------------------------- python envs

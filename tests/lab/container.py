@@ -4,12 +4,12 @@ A container is a directory ``<node_dir>/ct/<ID>/`` holding ``upper/`` and ``work
 layer and scratch dir) and ``rootfs/`` (the mount point, used only inside the container's own mount
 namespace), plus a config file ``<node_dir>/lxc/<ID>.conf`` in the format of ``/etc/pve/lxc/<ID>.conf``.
 
-Starting a container runs a small sh "init" inside ``unshare --mount --pid --uts --ipc --fork``: it mounts
-the overlay (lowerdir=/, or a template's root filesystem), /proc, /sys (read-only), a minimal /dev and a /run tmpfs, sets the hostname, then
-chroots into the overlay and idles as PID 1, reaping orphans. Because every mount lives in the container's
-private mount namespace, killing PID 1 tears the whole container down (the kernel kills everything in the
-PID namespace and drops the mounts): no mount ever leaks into this machine's namespace. Writes land in
-``upper/`` only; the host's files are never touched.
+Starting a container runs a small sh "init" inside ``unshare --mount --pid --uts --ipc --fork``: it mounts the
+overlay (lowerdir=/, or a template's root filesystem), /proc, /sys (read-only), a minimal /dev and a /run
+tmpfs, sets the hostname, then chroots into the overlay and idles as PID 1, reaping orphans. Because every
+mount lives in the container's private mount namespace, killing PID 1 tears the whole container down (the
+kernel kills everything in the PID namespace and drops the mounts): no mount ever leaks into this machine's
+namespace. Writes land in ``upper/`` only; the host's files are never touched.
 
 The container is made hermetic at creation by seeding ``upper/`` (whiteouts = char devices 0:0, opaque
 directories = the ``trusted.overlay.opaque`` xattr): no apt sources, no apt lists, no NVIDIA keyring/pin, no
@@ -541,7 +541,7 @@ class NodeState:
         if template is None:
             seed_hermetic_upper(ct.upper_dir, hostname)
         else:
-            if not (template / "etc" / "os-release").exists() and not (template / "usr/lib/os-release").exists():
+            if not any((template / path).exists() for path in ("etc/os-release", "usr/lib/os-release")):
                 raise ContainerError(f"{template} is not a root filesystem (no os-release)")
             (ct.dir / "lower").write_text(f"{template}\n")
             ct.upper_dir.mkdir()

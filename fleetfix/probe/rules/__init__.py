@@ -55,6 +55,8 @@ REGISTRY: tuple[Registered, ...] = (
     # package repositories
     Registered(repo.unsupported_distro, ("UNSUPPORTED_DISTRO",)),
     Registered(repo.repo_not_configured, ("NVIDIA_REPO_NOT_CONFIGURED",)),
+    Registered(repo.repo_lacks_cuda, ("NVIDIA_REPO_LACKS_CUDA",)),
+    Registered(repo.rpm_distro_toolkit, ("RPM_DISTRO_TOOLKIT",)),
     Registered(repo.signed_by_conflicts, ("APT_SIGNED_BY_CONFLICT", "APT_DUPLICATE_SOURCE")),
     Registered(repo.nvidia_key_missing, ("APT_NVIDIA_KEY_MISSING",)),
     Registered(repo.nvidia_ml_repo, ("APT_NVIDIA_ML_REPO",)),

@@ -130,10 +130,6 @@ def dash(cuda: str) -> str:
     return cuda.replace(".", "-")
 
 
-def toolkit_fix(cuda: str) -> dict[str, Any]:
-    return {"playbook": CUDA_TOOLKIT_PLAYBOOK, "vars": {"cuda_version": cuda}}
-
-
 def apt_cleanup_fix(ctx: Context) -> dict[str, Any]:
     """The cuda-toolkit playbook also removes what breaks apt (duplicates, old apt-key entries)."""
     variables = {"cuda_version": ctx.torch_cudas[0]} if ctx.torch_cudas else {}

@@ -8,29 +8,72 @@ from collections.abc import Iterator
 
 from fleetfix.probe.facts import AptSource
 from fleetfix.probe.rules.base import (
+    CUDA_TOOLKIT_PIP_PLAYBOOK,
     Context,
     Finding,
     Severity,
     apt_cleanup_fix,
     dash,
     finding,
-    toolkit_fix,
 )
+from fleetfix.probe.rules.route import interpreter_for, toolkit_fix, toolkit_route
 
 
 def unsupported_distro(ctx: Context) -> Iterator[Finding]:
     os = ctx.facts.os
     if not ctx.toolkit_needed() or (os.nvidia_distro and os.nvidia_arch):
         return
+    if os.nvidia_rpm_distro and os.nvidia_arch:
+        return   # RPM_DISTRO_TOOLKIT: NVIDIA has a dnf repository for it
     yield finding(
         "UNSUPPORTED_DISTRO", Severity.ERROR,
         f"{os.pretty_name or os.id or 'this OS'} on {os.machine or '?'} has no NVIDIA CUDA apt repository "
         "to install the toolkit from",
         {"os_id": os.id, "version_id": os.version_id, "machine": os.machine,
          "nvidia_distro": os.nvidia_distro, "nvidia_arch": os.nvidia_arch},
-        hint="use a supported base (Debian 11-13, Ubuntu 18.04-24.04; x86_64 or aarch64/sbsa), or the pip "
-             "toolkit wheels (nvidia-cuda-nvcc-cu12) with a merged CUDA_HOME",
+        playbook=CUDA_TOOLKIT_PIP_PLAYBOOK,
+        vars={"cuda_version": (cuda := ctx.toolkit_needed()[0]), "python": interpreter_for(ctx, cuda)},
+        hint="the pip toolkit wheels work on any glibc Linux (the playbook assembles CUDA_HOME); or a "
+             "supported base (Debian 11-13, Ubuntu LTS; x86_64 or aarch64/sbsa)",
     )
+
+
+def repo_lacks_cuda(ctx: Context) -> Iterator[Finding]:
+    os = ctx.facts.os
+    for cuda in ctx.toolkit_needed():
+        route = toolkit_route(ctx, cuda)
+        if not route.repo_lacks:
+            continue
+        yield finding(
+            "NVIDIA_REPO_LACKS_CUDA", Severity.ERROR,
+            f"NVIDIA's apt repository for {os.nvidia_distro}/{os.nvidia_arch} has no CUDA {cuda} "
+            f"({route.why}): `apt-get install cuda-nvcc-{dash(cuda)}` cannot succeed here",
+            {"torch_cuda": cuda, "nvidia_distro": os.nvidia_distro, "nvidia_arch": os.nvidia_arch,
+             "why": route.why, "index_nvcc": ctx.facts.apt.nvidia_index.nvcc},
+            **toolkit_fix(ctx, cuda),
+            hint="install NVIDIA's CUDA wheels into torch's env (cuda-toolkit-pip.yaml); a torch build "
+                 "for a CUDA this repository carries is the other way",
+        )
+
+
+def rpm_distro_toolkit(ctx: Context) -> Iterator[Finding]:
+    os = ctx.facts.os
+    if ctx.facts.apt.present or not (os.nvidia_rpm_distro and os.nvidia_arch):
+        return
+    for cuda in ctx.toolkit_needed():
+        repo = f"https://developer.download.nvidia.com/compute/cuda/repos/{os.nvidia_rpm_distro}/{os.nvidia_arch}"
+        yield finding(
+            "RPM_DISTRO_TOOLKIT", Severity.ERROR,
+            f"{os.pretty_name or os.id} has no apt: CUDA {cuda}'s toolkit comes from NVIDIA's dnf repository "
+            f"{os.nvidia_rpm_distro}/{os.nvidia_arch} or from the pip wheels, not from any Debian recipe",
+            {"os_id": os.id, "version_id": os.version_id, "nvidia_rpm_distro": os.nvidia_rpm_distro,
+             "nvidia_arch": os.nvidia_arch, "torch_cuda": cuda},
+            **toolkit_fix(ctx, cuda),
+            hint=f"or with dnf: `dnf config-manager --add-repo {repo}/cuda-{os.nvidia_rpm_distro}.repo && "
+                 f"dnf install -y cuda-nvcc-{dash(cuda)} cuda-cudart-devel-{dash(cuda)} "
+                 f"cuda-cccl-{dash(cuda)}`"
+                 f" (no driver packages), then CUDA_HOME=/usr/local/cuda-{cuda}",
+        )
 
 
 def repo_not_configured(ctx: Context) -> Iterator[Finding]:
@@ -41,6 +84,8 @@ def repo_not_configured(ctx: Context) -> Iterator[Finding]:
     if not (os.nvidia_distro and os.nvidia_arch):
         return   # UNSUPPORTED_DISTRO says it: there is no repo to configure
     cuda = needed[0]
+    if toolkit_route(ctx, cuda).way != "apt":
+        return   # configuring it would not help: NVIDIA_REPO_LACKS_CUDA / APT_SHA1_KEY_REJECTED say why
     yield finding(
         "NVIDIA_REPO_NOT_CONFIGURED", Severity.ERROR,
         f"no apt source points at NVIDIA's CUDA repo: `apt-get install cuda-nvcc-{dash(cuda)}` fails with "
@@ -48,7 +93,7 @@ def repo_not_configured(ctx: Context) -> Iterator[Finding]:
         {"nvidia_sources": [s.model_dump() for s in apt.nvidia_sources],
          "keyring_installed": apt.keyring_installed, "keyring_file": apt.keyring_file,
          "nvidia_distro": os.nvidia_distro, "nvidia_arch": os.nvidia_arch},
-        **toolkit_fix(cuda),
+        **toolkit_fix(ctx, cuda),
         hint=f"install cuda-keyring_1.1-1 from .../compute/cuda/repos/{os.nvidia_distro}/{os.nvidia_arch}/, "
              "then apt-get update",
     )
@@ -102,8 +147,18 @@ def nvidia_key_missing(ctx: Context) -> Iterator[Finding]:
             "update fails with 'NO_PUBKEY A4B469963BF863CC' and 'The repository ... is not signed'",
             {"entries": [s.model_dump() for s in unsigned], "trusted_nvidia_keys": sorted(trusted)},
             **apt_cleanup_fix(ctx),
-            hint=f"remove {', '.join(_where(unsigned))}, `apt-key del 7fa2af80`, then install cuda-keyring",
+            hint=f"remove {', '.join(_where(unsigned))}, {_drop_old_key(ctx)}, then install cuda-keyring",
         )
+
+
+def _drop_old_key(ctx: Context) -> str:
+    """apt-key exists only up to apt 2.8 (Debian 13's apt 3 has none): advise it only where it is."""
+    apt = ctx.facts.apt
+    files = sorted({hit.file for hit in apt.nvidia_keys if hit.key == "7fa2af80"})
+    if apt.apt_key is False or (apt.apt_key is None and (apt.major or 0) >= 3):
+        where = ", ".join(files) or "none found"
+        return f"delete the keyring file holding 7fa2af80 ({where}); this apt has no apt-key"
+    return "`apt-key del 7fa2af80` (or delete the keyring file)"
 
 
 def nvidia_ml_repo(ctx: Context) -> Iterator[Finding]:
@@ -125,7 +180,7 @@ def old_nvidia_key(ctx: Context) -> Iterator[Finding]:
             "APT_OLD_NVIDIA_KEY", Severity.WARNING,
             "NVIDIA's pre-2022 signing key 7fa2af80 (apt-key era) is still trusted; it signs nothing now",
             {"keys": [hit.model_dump() for hit in old]}, **apt_cleanup_fix(ctx),
-            hint="`apt-key del 7fa2af80` (or delete the keyring file) and rely on cuda-keyring",
+            hint=f"{_drop_old_key(ctx)} and rely on cuda-keyring",
         )
 
 

@@ -15,10 +15,38 @@ FULL_FEATURE_DRIVER: dict[tuple[int, int], str] = {
     (12, 4): "550.54.14", (12, 5): "555.42.02", (12, 6): "560.28.03", (12, 8): "570.26",
     (12, 9): "575.51.03", (13, 0): "580.65.06", (13, 1): "590.44.01", (13, 2): "595.45.04",
 }
-# DOMAIN.md 4.3: the oldest nvcc that can compile for a compute capability.
+# The oldest nvcc that can compile for a compute capability (DOMAIN.md 8, corrected 2026-12): 12.8 added
+# sm_100, sm_101, sm_120; 12.9 added sm_103 and sm_121 (CUDA Features Archive 12.9); 13.0 renamed sm_101
+# to sm_110 (Thor). A GPU is served by code for any listed arch of its own major with a minor <= its own
+# (binary compatibility, CUDA C++ Programming Guide): sm_100 code runs on a 10.3 B300, sm_120 on a 12.1.
 MIN_NVCC_FOR_ARCH: dict[tuple[int, int], tuple[int, int]] = {
-    (9, 0): (11, 8), (10, 0): (12, 8), (12, 0): (12, 8),
-    (10, 3): (13, 0), (11, 0): (13, 0), (12, 1): (13, 0), (10, 1): (13, 0),
+    (9, 0): (11, 8), (10, 0): (12, 8), (10, 1): (12, 8), (12, 0): (12, 8),
+    (10, 3): (12, 9), (12, 1): (12, 9), (11, 0): (13, 0),
 }
 # CUDA 13.0 removed offline compilation for Maxwell, Pascal and Volta (sm_50 to sm_72).
 CUDA13_DROPPED_BELOW = (7, 5)
+
+# NVIDIA apt repositories that start later than the CUDA releases torch wheels use: (distro, arch) ->
+# the oldest CUDA major.minor there. debian12: "With the release of CUDA 12.3, the new Linux
+# distribution Debian 12 has been added" (NVIDIA/nvidia-docker#1791). debian13: a new repository with a
+# new key (NVIDIA/cuda-repo-management#39), created in the 13.x era; NVIDIA's own thread #40 ("Debian13:
+# backport active branches to new repo") is about the older branches it lacks. Where this table is
+# silent, apt's own index (facts.apt.nvidia_index) or the playbook's pre-flight read of the repository
+# index decides: the table only picks which playbook the probe prescribes.
+REPO_OLDEST_CUDA: dict[tuple[str, str], tuple[int, int]] = {
+    ("debian12", "x86_64"): (12, 3),
+    ("debian13", "x86_64"): (13, 0),
+}
+
+
+def oldest_nvcc_for(arch: tuple[int, int]) -> tuple[int, int] | None:
+    """The oldest nvcc whose code runs on a GPU of this compute capability, counting binary
+    compatibility within a major; None when the table has nothing for that major (older GPUs, which
+    every supported nvcc serves)."""
+    table = MIN_NVCC_FOR_ARCH.items()
+    usable = [need for (major, minor), need in table if major == arch[0] and minor <= arch[1]]
+    if usable:
+        return min(usable)
+    if any(major == arch[0] for major, _ in MIN_NVCC_FOR_ARCH):
+        return min(need for (major, _), need in MIN_NVCC_FOR_ARCH.items() if major == arch[0])
+    return None

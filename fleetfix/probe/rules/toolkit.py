@@ -12,8 +12,8 @@ from fleetfix.probe.rules.base import (
     dash,
     finding,
     major_minor,
-    toolkit_fix,
 )
+from fleetfix.probe.rules.route import toolkit_fix, toolkit_hint
 
 
 def runtime_without_toolkit(ctx: Context) -> Iterator[Finding]:
@@ -28,9 +28,7 @@ def runtime_without_toolkit(ctx: Context) -> Iterator[Finding]:
             "is not defined)",
             {"torch_version": torch.version, "torch_cuda": cuda, "toolkits": [],
              "nvcc_on_path": None, "distro_nvcc": None, "pip_nvcc": []},
-            **toolkit_fix(cuda),
-            hint=f"install cuda-nvcc-{dash(cuda)} cuda-cudart-dev-{dash(cuda)} (no driver packages) and "
-                 f"build with CUDA_HOME=/usr/local/cuda-{cuda}",
+            **toolkit_fix(ctx, cuda), hint=toolkit_hint(ctx, cuda),
         )
 
 
@@ -51,7 +49,7 @@ def toolkit_mismatch(ctx: Context) -> Iterator[Finding]:
                 "CUDA_TOOLKIT_MAJOR_MISMATCH", Severity.ERROR,
                 f"nvcc {', '.join(found) or '(unknown version)'} but torch was built with CUDA {cuda}: "
                 "torch's cpp_extension refuses to build ('The detected CUDA version ... mismatches')",
-                evidence, **toolkit_fix(cuda),
+                evidence, **toolkit_fix(ctx, cuda),
                 hint=f"install CUDA {cuda} beside it (cuda-nvcc-{dash(cuda)}) and build with "
                      f"CUDA_HOME=/usr/local/cuda-{cuda}",
             )
@@ -60,7 +58,7 @@ def toolkit_mismatch(ctx: Context) -> Iterator[Finding]:
                 "CUDA_TOOLKIT_MINOR_MISMATCH", Severity.WARNING,
                 f"nvcc {', '.join(same_major)} but torch was built with CUDA {cuda}: builds only warn "
                 "('minor version mismatch'); code from a newer nvcc may need a newer driver",
-                evidence, **toolkit_fix(cuda),
+                evidence, **toolkit_fix(ctx, cuda),
                 hint=f"install the exact toolkit (cuda-nvcc-{dash(cuda)}) and build with "
                      f"CUDA_HOME=/usr/local/cuda-{cuda}",
             )

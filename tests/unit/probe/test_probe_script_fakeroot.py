@@ -391,3 +391,24 @@ def test_node_without_driver(fakeroot: Path, fakebin: FakeBin) -> None:
 def test_node_output_must_be_ours() -> None:
     with pytest.raises(ProbeOutputError, match="header"):
         parse_node_facts("Welcome to Proxmox!\nhostname\tpve1\n")
+
+
+def test_cuda_home_for_logins_and_apts_own_index_of_nvidia_repos(fakeroot: Path, fakebin: FakeBin) -> None:
+    write(fakeroot, "etc/environment", 'LANG=C.UTF-8\nCUDA_HOME="/usr/local/cuda-12.4"\n')
+    write(fakeroot, "etc/profile.d/cuda.sh", "export PATH=/usr/local/cuda/bin:$PATH\n")
+    lists = "var/lib/apt/lists/developer.download.nvidia.com_compute_cuda_repos_debian12_x86_64_Packages"
+    write(fakeroot, lists, "Package: cuda-nvcc-12-4\nVersion: 12.4.131-1\n\nPackage: cuda-nvcc-12-8\n"
+                           "Version: 12.8.93-1\n\nPackage: cuda-nvcc-12-8\nVersion: 12.8.61-1\n\n"
+                           "Package: cuda-nvcc-dev-fake\n\n")
+    facts = probe(fakeroot, fakebin)
+    assert (facts.cuda.env_cuda_home, facts.cuda.env_cuda_home_file) == ("/usr/local/cuda-12.4",
+                                                                         "/etc/environment")
+    assert (facts.apt.nvidia_index.files, facts.apt.nvidia_index.nvcc) == (1, ["12-4", "12-8"])
+    assert facts.apt.nvidia_index.carries("12.8") is True and facts.apt.nvidia_index.carries("13.0") is False
+    assert facts.apt.apt_key is False   # no apt-key among the fake commands
+
+
+def test_no_index_and_no_cuda_home_are_unknown_not_false(fakeroot: Path, fakebin: FakeBin) -> None:
+    facts = probe(fakeroot, fakebin)
+    assert facts.cuda.env_cuda_home is None
+    assert facts.apt.nvidia_index.files == 0 and facts.apt.nvidia_index.carries("12.8") is None
