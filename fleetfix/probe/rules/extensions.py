@@ -33,6 +33,10 @@ FALLBACKS: dict[str, str] = {
 PARTNERS: dict[str, tuple[str, ...]] = {
     "causal_conv1d": ("fla", "mamba_ssm"),
 }
+# Compiled modules a complete install may lack: since state-spaces/mamba PR #977 ("Make CUDA selective
+# scan install explicit opt-in", MAMBA_KEEP_CUDA_BUILD) mamba_ssm installs without selective_scan_cuda,
+# which only Mamba-1 needs; Mamba-2 runs on its Triton kernels (DOMAIN.md 3.2).
+OPTIONAL_COMPILED: frozenset[str] = frozenset({"mamba_ssm"})
 
 
 def _cuda_of(env: PythonEnv) -> str | None:
@@ -52,7 +56,7 @@ def extension_broken(ctx: Context) -> Iterator[Finding]:
         for name, ext in env.extensions.items():
             evidence = {"interpreter": env.interpreter, "extension": name, **ext.model_dump()}
             cuda_dir = f"/usr/local/cuda-{_cuda_of(env)}" if _cuda_of(env) else "$CUDA_HOME"
-            if ext.present and ext.compiled_present is False:
+            if ext.present and ext.compiled_present is False and name not in OPTIONAL_COMPILED:
                 yield finding(
                     "EXTENSION_NOT_BUILT", Severity.ERROR,
                     f"{name} is installed in {env.interpreter} without its compiled module "

@@ -525,3 +525,9 @@ def test_no_apt_key_advice_where_apt_has_none() -> None:
     assert "apt-key del" not in trixie.fix.hint and "/etc/apt/trusted.gpg" in trixie.fix.hint
     bookworm = only(diagnose(edited("problem_case", old_key)), "APT_OLD_NVIDIA_KEY")
     assert "apt-key del 7fa2af80" in bookworm.fix.hint
+
+
+def test_mamba_ssm_without_selective_scan_cuda_is_a_complete_install() -> None:
+    facts = edited("healthy", set_in("pythons.0.extensions.mamba_ssm",
+                                     ext(True, compiled=False, module="selective_scan_cuda")))
+    assert "EXTENSION_NOT_BUILT" not in [f.code for f in diagnose(facts)]
