@@ -4,6 +4,8 @@ container through the real CLI (sshd + pct), and a second apply changes nothing.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -11,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import in_ci
 from tests.e2e.conftest import host_args, run_cli
 from tests.lab.aptrepo import DEBIAN13_CUDA_RELEASES, AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
@@ -26,6 +29,11 @@ TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
 @pytest.fixture(scope="session")
 def trixie() -> Path:
     """The Debian 13 root filesystem (built once per machine by debootstrap, then cached)."""
+    if shutil.which("debootstrap") is None and not os.path.exists("/usr/sbin/debootstrap"):
+        problem = "the Debian 13 template needs debootstrap (apt-get install debootstrap)"
+        if in_ci():
+            pytest.fail(f"CI=true: {problem}", pytrace=False)
+        pytest.skip(problem)
     return ensure_template("trixie").rootfs
 
 
