@@ -199,6 +199,7 @@ class Nvcc(_Model):
     path: str
     version: str | None = None     # "12.8"
     release: str | None = None     # "V12.8.93"
+    complete: bool | None = None   # pip wheels: runtime headers and CCCL beside nvcc (None: not a pip nvcc)
 
 
 class Toolkit(_Model):
@@ -260,6 +261,8 @@ class PythonEnv(_Model):
     torch: TorchInfo | None = None
     extensions: dict[str, Extension] = Field(default_factory=dict)
     pip_nvcc: list[Nvcc] = Field(default_factory=list)
+    conda_nvcc: Nvcc | None = None        # $CONDA_PREFIX/bin/nvcc of a conda env (conda's cuda-nvcc)
+    python_h: bool | None = None          # Python.h for this interpreter (None: an older probe)
     deep: DeepTorch | None = None
     error: str | None = None
 
@@ -304,6 +307,8 @@ class BuildFacts(_Model):
     mem_total_mb: int | None = None
     mem_available_mb: int | None = None
     cpus: int | None = None
+    tmp_fstype: str | None = None                        # /tmp's filesystem type when it is a mount
+    tmp_free_mb: dict[str, int | None] | None = None     # {"/tmp": MiB}, only when /tmp is a tmpfs
 
 
 class Facts(_Model):

@@ -688,6 +688,15 @@ def nvcc_info(path):
             "release": found.group(2) if found else None}
 
 
+def pip_toolkit_complete(packages):
+    # A buildable toolkit needs more than the nvcc wheel (JAX, say, pulls in nvidia-cuda-nvcc-cu12
+    # alone): the runtime headers and CCCL (CUB) too, which cuda-toolkit-pip.yaml installs with it.
+    includes = [os.path.join(packages, p, "include") for p in listdir(packages)]
+    runtime = any(os.path.isfile(os.path.join(i, "cuda_runtime_api.h")) for i in includes)
+    cub = any(os.path.isfile(os.path.join(i, sub, "cub", "cub.cuh")) for i in includes for sub in ("", "cccl"))
+    return runtime and cub
+
+
 def pip_nvccs():
     seen, found = set(), []
     for entry in sys.path:
@@ -697,8 +706,26 @@ def pip_nvccs():
             real = os.path.realpath(path)
             if os.path.isfile(path) and real not in seen and os.access(path, os.X_OK):
                 seen.add(real)
-                found.append(nvcc_info(path))
+                info = nvcc_info(path)
+                info["complete"] = pip_toolkit_complete(packages)
+                found.append(info)
     return found
+
+
+def python_headers():
+    # Python.h, which every C/CUDA extension build includes (Debian: python3.X-dev); no sysconfig import.
+    base = getattr(sys, "base_prefix", sys.prefix)
+    name = "python%d.%d%s" % (sys.version_info[0], sys.version_info[1], getattr(sys, "abiflags", ""))
+    return any(os.path.isfile(os.path.join(root, "include", name, "Python.h"))
+               for root in dict.fromkeys([sys.prefix, base]))
+
+
+def conda_nvcc():
+    # conda's cuda-nvcc package puts nvcc in the env's own bin/ (a conda env has conda-meta/).
+    path = os.path.join(sys.prefix, "bin", "nvcc")
+    if os.path.isdir(os.path.join(sys.prefix, "conda-meta")) and os.access(path, os.X_OK):
+        return nvcc_info(path)
+    return None
 
 
 DEEP_TORCH = """
@@ -752,6 +779,7 @@ def main():
         "version": "%d.%d.%d" % tuple(sys.version_info[:3]), "prefix": sys.prefix,
         "virtualenv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
         "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
+        "python_h": python_headers(), "conda_nvcc": conda_nvcc(),
     }
     for name, compiled, dists in EXTENSIONS:
         env["extensions"][name] = extension(name, compiled, dists, torch is not None)
@@ -908,6 +936,14 @@ probe_build() {
     printf ',"mem_available_mb":'; case $_ma in '' | *[!0-9]*) printf null ;; *) printf '%s' $((_ma / 1024)) ;; esac
     _cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)
     printf ',"cpus":'; ji "$_cpus"
+    # pip builds in $TMPDIR (/tmp): on a tmpfs that is RAM, and an extension's build tree is ~1 GB.
+    _tmpfs=
+    if [ -r /proc/mounts ]; then
+        while read -r _ _mp _fs _; do [ "$_mp" = /tmp ] && _tmpfs=$_fs; done </proc/mounts
+    fi
+    printf ',"tmp_fstype":'; jn "$_tmpfs"
+    printf ',"tmp_free_mb":'
+    if [ "$_tmpfs" = tmpfs ]; then disk_free_json /tmp; else printf null; fi
     printf '}'
 }
 

@@ -122,6 +122,8 @@ def test_cuda_toolkit_playbook_fixes_the_seed_problem_on_debian_13(
     [report] = probed.json()["targets"]
     assert set(codes(report)) >= TOOLKIT_CODES
     assert report["facts"]["os"]["nvidia_distro"] == "debian13"
+    # Debian's python3 without python3-dev: no Python.h for the extension build that comes next.
+    assert "PYTHON_HEADERS_MISSING" in codes(report)
     fix = next(f["fix"] for f in report["findings"] if f["code"] == "CUDA_RUNTIME_WITHOUT_TOOLKIT")
     assert (fix["playbook"], fix["vars"]) == (PLAYBOOK, {"cuda_version": "13.0"})
 
@@ -172,3 +174,13 @@ def test_a_cuda_the_debian13_repository_lacks_is_refused_before_anything_changes
     assert "cuda-nvcc-12-8 is not in" in failed["stderr"] and "cuda-toolkit-pip.yaml" in failed["stderr"]
     assert target["counts"]["changed"] == 0
     assert tree_digest(ct.upper_dir) == before
+
+
+def test_debian_13s_gcc_14_is_too_new_for_a_cuda_12_6_build(
+    lab: Lab, make_ct: Callable[..., Container], trixie: Path,
+) -> None:
+    ct = make_ct(template=trixie, setup=seed_problem("12.6", "2.6.0+cu126"))
+    [report] = run_cli("probe", *host_args(lab, None, ct.ctid), "--json").json()["targets"]
+    finding = next(f for f in report["findings"] if f["code"] == "HOST_COMPILER_TOO_NEW")
+    assert (finding["evidence"]["gxx_version"].split(".")[0], finding["evidence"]["newest_gcc"]) == ("14", 13)
+    assert "gcc versions later than 13 are not supported" in finding["summary"]

@@ -15,7 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from fleetfix.probe.facts import Facts, NodeFacts
-from fleetfix.probe.rules import arch, dpkg, driver, extensions, pythons, repo, toolkit
+from fleetfix.probe.rules import arch, build, dpkg, driver, extensions, pythons, repo, toolkit
 from fleetfix.probe.rules.base import (
     BUILD_EXTENSIONS_PLAYBOOK,
     CUDA_TOOLKIT_PIP_PLAYBOOK,
@@ -42,11 +42,13 @@ REGISTRY: tuple[Registered, ...] = (
     Registered(driver.driver_libs_mismatch, ("DRIVER_LIBS_MISMATCH",)),
     Registered(driver.driver_too_old, ("DRIVER_TOO_OLD", "DRIVER_BELOW_FULL_FEATURE")),
     Registered(driver.gpu_not_visible, ("GPU_NOT_VISIBLE",)),
+    Registered(driver.gpu_passthrough_partial, ("GPU_PASSTHROUGH_PARTIAL",)),
     # CUDA toolkit
     Registered(toolkit.runtime_without_toolkit, ("CUDA_RUNTIME_WITHOUT_TOOLKIT",)),
     Registered(toolkit.toolkit_mismatch, ("CUDA_TOOLKIT_MAJOR_MISMATCH", "CUDA_TOOLKIT_MINOR_MISMATCH")),
     Registered(arch.gpu_arch_unsupported, ("GPU_ARCH_UNSUPPORTED_BY_TOOLKIT",)),
     Registered(toolkit.default_link_mismatch, ("CUDA_DEFAULT_LINK_MISMATCH",)),
+    Registered(toolkit.build_picks_other_nvcc, ("BUILD_PICKS_OTHER_NVCC",)),
     Registered(toolkit.distro_nvcc, ("DISTRO_NVCC_ON_PATH",)),
     # dpkg and disk: what any install needs
     Registered(dpkg.dpkg_interrupted, ("DPKG_INTERRUPTED",)),
@@ -62,6 +64,12 @@ REGISTRY: tuple[Registered, ...] = (
     Registered(repo.nvidia_ml_repo, ("APT_NVIDIA_ML_REPO",)),
     Registered(repo.old_nvidia_key, ("APT_OLD_NVIDIA_KEY",)),
     Registered(repo.sha1_key_rejected, ("APT_SHA1_KEY_REJECTED",)),
+    # what a build needs besides nvcc (judged once the other fixes are known)
+    Registered(build.host_compiler_too_new, ("HOST_COMPILER_TOO_NEW",), after_fixes=True),
+    Registered(build.python_headers_missing, ("PYTHON_HEADERS_MISSING",), after_fixes=True),
+    Registered(build.build_tools_missing, ("BUILD_TOOLS_MISSING",), after_fixes=True),
+    Registered(build.build_memory_low, ("BUILD_MEMORY_LOW",), after_fixes=True),
+    Registered(build.tmp_on_tmpfs, ("TMP_ON_TMPFS",), after_fixes=True),
     # extensions
     Registered(extensions.extension_broken, ("EXTENSION_NOT_BUILT", "EXTENSION_IMPORT_FAILED")),
     Registered(extensions.extension_missing, ("EXTENSION_MISSING",)),

@@ -71,6 +71,7 @@ class Context:
     required: frozenset[str]
     torch_cudas: tuple[str, ...]          # distinct torch CUDA versions among the python envs
     installs_planned: bool = False        # some finding's fix installs packages or builds
+    builds_planned: bool = False          # some finding's fix builds an extension
 
     @classmethod
     def build(cls, facts: Facts, node: NodeFacts | None, required: Collection[str] = ()) -> Context:
@@ -80,17 +81,20 @@ class Context:
         return cls(facts, node, frozenset(required), cudas)
 
     def with_planned_fixes(self, findings: list[Finding]) -> Context:
-        planned = any(f.fix.playbook for f in findings if f.severity != Severity.INFO)
-        return replace(self, installs_planned=planned)
+        acting = [f for f in findings if f.severity != Severity.INFO and f.fix.playbook]
+        builds = any(f.fix.playbook == BUILD_EXTENSIONS_PLAYBOOK for f in acting)
+        return replace(self, installs_planned=bool(acting), builds_planned=builds)
 
     def nvccs(self, env: PythonEnv | None = None) -> list[Nvcc]:
-        """Every working nvcc the target has: versioned toolkits, PATH, /usr/bin, pip wheels. An nvcc
-        that prints no version (a dangling wrapper, a broken install) builds nothing: not a toolkit."""
+        """Every nvcc that can build: versioned toolkits, PATH, /usr/bin, a conda env's, and pip wheels
+        that come with the runtime headers and CCCL. An nvcc that prints no version (a dangling wrapper, a
+        broken install) builds nothing, and neither does a bare nvcc wheel (JAX pulls one in alone)."""
         cuda = self.facts.cuda
         found = [Nvcc(path=t.nvcc, version=t.version, release=t.release) for t in cuda.toolkits if t.nvcc]
         found += [n for n in (cuda.nvcc_on_path, cuda.distro_nvcc) if n is not None]
         envs = [env] if env else self.facts.pythons
-        found += [n for e in envs for n in e.pip_nvcc]
+        found += [n for e in envs for n in e.pip_nvcc if n.complete is not False]
+        found += [e.conda_nvcc for e in envs if e.conda_nvcc is not None]
         return [n for n in found if n.version]
 
     def toolkit_needed(self) -> list[str]:

@@ -74,3 +74,21 @@ def gpu_not_visible(ctx: Context) -> Iterator[Finding]:
             hint="if this target should use a GPU, pass /dev/nvidia* through in the container config "
                  "(lxc.mount.entry / devN); building extensions does not need a GPU",
         )
+
+
+def gpu_passthrough_partial(ctx: Context) -> Iterator[Finding]:
+    devices = set(ctx.facts.gpu.devices)
+    gpus = sorted(d for d in devices if d[len("/dev/nvidia"):].isdigit())
+    if not ctx.torch_cudas or not gpus:
+        return
+    missing = [d for d in ("/dev/nvidiactl", "/dev/nvidia-uvm") if d not in devices]
+    if not missing:
+        return
+    yield finding(
+        "GPU_PASSTHROUGH_PARTIAL", Severity.ERROR,
+        f"{', '.join(gpus)} passed through but not {', '.join(missing)}: CUDA cannot initialise "
+        "(torch.cuda.is_available() is False) even where nvidia-smi works",
+        {"devices": sorted(devices), "missing": missing},
+        hint="add the missing devices to /etc/pve/lxc/<id>.conf (lxc.mount.entry ... create=file, or devN:) "
+             "and allow nvidia-uvm's major, which is dynamic (ls -l /dev/nvidia-uvm on the host)",
+    )

@@ -50,3 +50,12 @@ def oldest_nvcc_for(arch: tuple[int, int]) -> tuple[int, int] | None:
     if any(major == arch[0] for major, _ in MIN_NVCC_FOR_ARCH):
         return min(need for (major, _), need in MIN_NVCC_FOR_ARCH.items() if major == arch[0])
     return None
+
+# The newest gcc major each nvcc accepts (crt/host_config.h: `#if __GNUC__ > N` -> "#error -- unsupported
+# GNU version! gcc versions later than N are not supported!"). 13.0: read in this machine's real
+# /usr/local/cuda-13.0/include/crt/host_config.h; 12.9: its literal error quoted from a
+# /usr/local/cuda-12.9 build ("later than 14"); 12.4 and 12.6: quoted build failures ("later than 13").
+# Versions without a verified source are left out (no finding rather than a guess).
+MAX_GCC_FOR_NVCC: dict[tuple[int, int], int] = {
+    (12, 4): 13, (12, 6): 13, (12, 9): 14, (13, 0): 15,
+}

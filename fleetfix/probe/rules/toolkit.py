@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from fleetfix.probe.rules.arch import build_nvcc
 from fleetfix.probe.rules.base import (
     BUILD_EXTENSIONS_PLAYBOOK,
     Context,
@@ -101,3 +102,29 @@ def distro_nvcc(ctx: Context) -> Iterator[Finding]:
         hint="prefer NVIDIA's versioned toolkit and set CUDA_HOME explicitly; consider "
              "`apt-get remove nvidia-cuda-toolkit`",
     )
+
+
+def build_picks_other_nvcc(ctx: Context) -> Iterator[Finding]:
+    """CUDA_HOME set for logins (/etc/environment, profile files) or an nvcc first on PATH that is not
+    torch's, while torch's toolkit is installed: a plain `pip install` builds with the wrong one.
+    (/usr/local/cuda alone is CUDA_DEFAULT_LINK_MISMATCH.)"""
+    used, source = build_nvcc(ctx)
+    if used is None or source == "/usr/local/cuda":
+        return
+    installed = {t.version for t in ctx.facts.cuda.toolkits if t.nvcc}
+    for cuda in ctx.torch_cudas:
+        if used.version == cuda or cuda not in installed:
+            continue
+        same_major = (major_minor(used.version) or (0, 0))[0] == (major_minor(cuda) or (0, 0))[0]
+        where = ctx.facts.cuda.env_cuda_home_file if source == "CUDA_HOME" else "PATH"
+        yield finding(
+            "BUILD_PICKS_OTHER_NVCC", Severity.WARNING if same_major else Severity.ERROR,
+            f"a build here uses nvcc {used.version} ({source}, from {where}) although torch's CUDA {cuda} "
+            "is installed: " + ("builds only warn ('minor version mismatch')" if same_major else
+                                "torch's cpp_extension refuses ('The detected CUDA version ... mismatches')"),
+            {"nvcc_path": used.path, "nvcc_version": used.version, "nvcc_source": source,
+             "set_in": where, "torch_cuda": cuda},
+            playbook=BUILD_EXTENSIONS_PLAYBOOK, vars={"cuda_version": cuda},
+            hint=f"build with CUDA_HOME=/usr/local/cuda-{cuda} (build-extensions.yaml does), or change "
+                 f"{where} to point at it",
+        )

@@ -165,6 +165,9 @@ CASES: dict[str, Case] = {
                                                      "version": "550.135"}])),
         Severity.WARNING, evidence=("full_feature_driver", "570.26")),
     "GPU_NOT_VISIBLE": Case("healthy", set_in("gpu.devices", []), Severity.INFO),
+    "GPU_PASSTHROUGH_PARTIAL": Case(
+        "healthy", set_in("gpu.devices", ["/dev/nvidia0", "/dev/nvidiactl"]), Severity.ERROR,
+        evidence=("missing", ["/dev/nvidia-uvm"])),
     "CUDA_RUNTIME_WITHOUT_TOOLKIT": Case(
         "problem_case", NO_EDIT, Severity.ERROR, evidence=("torch_cuda", "12.8")),
     "CUDA_TOOLKIT_MAJOR_MISMATCH": Case(
@@ -184,6 +187,11 @@ CASES: dict[str, Case] = {
         "healthy", chain(set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
                          set_in("cuda.default_link", "/usr/local/cuda-13.0")),
         Severity.WARNING, evidence=("linked_version", "13.0")),
+    "BUILD_PICKS_OTHER_NVCC": Case(
+        "healthy", chain(set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("12.4", "131")]),
+                         set_in("cuda.env_cuda_home", "/usr/local/cuda-12.4"),
+                         set_in("cuda.env_cuda_home_file", "/etc/environment")),
+        Severity.WARNING, evidence=("set_in", "/etc/environment")),
     "DISTRO_NVCC_ON_PATH": Case(
         "healthy",
         set_in("cuda.distro_nvcc", {"path": "/usr/bin/nvcc", "version": "12.0", "release": "V12.0.140"}),
@@ -238,6 +246,20 @@ CASES: dict[str, Case] = {
         Severity.WARNING),
     "APT_SHA1_KEY_REJECTED": Case(
         "debian13_sqv", NO_EDIT, Severity.ERROR, evidence=("repos", ["debian12"])),
+    "HOST_COMPILER_TOO_NEW": Case(
+        "debian13_cu130_problem", set_in("pythons.0.torch.cuda", "12.6"),   # the template's real gcc 14
+        Severity.ERROR, evidence=("newest_gcc", 13)),
+    "PYTHON_HEADERS_MISSING": Case(
+        "debian13_cu130_problem", NO_EDIT, Severity.ERROR, evidence=("python_version", "3.13.5")),
+    "BUILD_TOOLS_MISSING": Case(
+        "problem_case", set_in("build.ninja", False), Severity.WARNING, evidence=("ninja", False)),
+    "BUILD_MEMORY_LOW": Case(
+        "problem_case", set_in("build.mem_available_mb", 3000), Severity.WARNING,
+        evidence=("mem_per_job_mb", 5120)),
+    "TMP_ON_TMPFS": Case(
+        "problem_case",
+        chain(set_in("build.tmp_fstype", "tmpfs"), set_in("build.tmp_free_mb", {"/tmp": 512})),
+        Severity.WARNING, evidence=("tmp_free_mb", 512)),
     "EXTENSION_NOT_BUILT": Case(
         "healthy", set_in("pythons.0.extensions.causal_conv1d",
                           ext(True, compiled=False, module="causal_conv1d_cuda")),
@@ -413,9 +435,11 @@ def test_an_nvcc_that_prints_no_version_is_no_toolkit() -> None:
 
 def test_debian13_seed_problem_is_fixed_from_the_debian13_repo() -> None:
     # Recorded on the test bed's Debian 13 template: apt 3.0.4 with sqv, no apt-key, gcc 14.
+    # The template has python3 without python3-dev, and no ninja: both real, both found.
     findings = diagnose(facts_of(load_fixture("debian13_cu130_problem")))
     assert problems(findings) == [
-        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING"]
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "PYTHON_HEADERS_MISSING",
+        "BUILD_TOOLS_MISSING", "EXTENSION_MISSING"]
     runtime, repo = findings[1], findings[2]   # after GPU_NOT_VISIBLE (no GPU on the test bed)
     assert (runtime.fix.playbook, runtime.fix.vars) == (CUDA_TOOLKIT_PLAYBOOK, {"cuda_version": "13.0"})
     assert "debian13/x86_64" in repo.fix.hint
@@ -424,7 +448,8 @@ def test_debian13_seed_problem_is_fixed_from_the_debian13_repo() -> None:
 def test_debian13_with_a_cuda_12_torch_is_routed_to_the_pip_toolkit() -> None:
     findings = diagnose(facts_of(load_fixture("debian13_cu128_problem")))
     assert problems(findings) == [
-        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA", "EXTENSION_MISSING"]
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA", "PYTHON_HEADERS_MISSING",
+        "BUILD_TOOLS_MISSING", "EXTENSION_MISSING"]
     pip = (CUDA_TOOLKIT_PIP_PLAYBOOK, {"cuda_version": "12.8", "python": "python3"})
     for code in ("CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA"):
         fix = only(findings, code).fix
@@ -531,3 +556,43 @@ def test_mamba_ssm_without_selective_scan_cuda_is_a_complete_install() -> None:
     facts = edited("healthy", set_in("pythons.0.extensions.mamba_ssm",
                                      ext(True, compiled=False, module="selective_scan_cuda")))
     assert "EXTENSION_NOT_BUILT" not in [f.code for f in diagnose(facts)]
+
+
+def test_build_host_rules_judge_only_targets_with_a_build_to_do() -> None:
+    # The same shortcomings on a healthy target (nothing to build) are not findings.
+    quiet = diagnose(edited("healthy", chain(
+        set_in("build.ninja", False), set_in("build.mem_available_mb", 1000),
+        set_in("build.tmp_fstype", "tmpfs"), set_in("build.tmp_free_mb", {"/tmp": 100}))))
+    assert quiet == []
+
+
+def test_gcc_14_is_fine_for_cuda_13_and_too_new_for_12_6() -> None:
+    trixie = diagnose(facts_of(load_fixture("debian13_cu130_problem")))
+    assert "HOST_COMPILER_TOO_NEW" not in [f.code for f in trixie]
+    finding = only(diagnose(edited("debian13_cu130_problem", set_in("pythons.0.torch.cuda", "12.6"))),
+                   "HOST_COMPILER_TOO_NEW")
+    assert finding.evidence["gxx_version"] == "14.2.0" and "g++-13" in finding.fix.hint
+
+
+def test_a_bare_pip_nvcc_wheel_is_no_toolkit_but_a_complete_one_is() -> None:
+    bare = {"path": "/opt/jax/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin/nvcc", "version": "12.8",
+            "release": "V12.8.93", "complete": False}
+    findings = diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [bare])))
+    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").evidence["torch_cuda"] == "12.8"
+    complete = {**bare, "complete": True}
+    codes = [f.code for f in diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [complete])))]
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes
+
+
+def test_conda_nvcc_counts_as_a_toolkit() -> None:
+    conda = {"path": "/opt/conda/envs/train/bin/nvcc", "version": "12.8", "release": "V12.8.93"}
+    codes = [f.code for f in diagnose(edited("problem_case", set_in("pythons.0.conda_nvcc", conda)))]
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes
+
+
+def test_nvcc_on_path_of_another_major_is_an_error() -> None:
+    finding = only(diagnose(edited("healthy", chain(
+        set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
+        set_in("cuda.nvcc_on_path", {"path": "/usr/local/cuda-13.0/bin/nvcc", "version": "13.0",
+                                     "release": "V13.0.88"})))), "BUILD_PICKS_OTHER_NVCC")
+    assert finding.severity is Severity.ERROR and finding.evidence["set_in"] == "PATH"
