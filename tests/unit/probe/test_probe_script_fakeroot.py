@@ -412,3 +412,26 @@ def test_no_index_and_no_cuda_home_are_unknown_not_false(fakeroot: Path, fakebin
     facts = probe(fakeroot, fakebin)
     assert facts.cuda.env_cuda_home is None
     assert facts.apt.nvidia_index.files == 0 and facts.apt.nvidia_index.carries("12.8") is None
+
+
+def test_a_bare_pip_nvcc_is_incomplete_until_runtime_headers_and_cccl_are_beside_it(
+    fakeroot: Path, fakebin: FakeBin, site: Path, tmp_path: Path,
+) -> None:
+    fakebin.link("python3", sys.executable)
+    [bare] = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0].pip_nvcc
+    assert bare.complete is False        # only nvidia/cuda_nvcc, as JAX pulls it in
+    write(site, "nvidia/cuda_runtime/include/cuda_runtime_api.h", "")
+    write(site, "nvidia/cuda_cccl/include/cub/cub.cuh", "")
+    [complete] = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0].pip_nvcc
+    assert complete.complete is True
+
+
+def test_python_headers_are_looked_up_for_the_interpreter(
+    fakeroot: Path, fakebin: FakeBin, site: Path, tmp_path: Path,
+) -> None:
+    import sysconfig
+    fakebin.link("python3", sys.executable)
+    env = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0]
+    expected = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
+    assert env.python_h is expected
+    assert env.conda_nvcc is None
