@@ -267,6 +267,16 @@ class PythonEnv(_Model):
     error: str | None = None
 
 
+class DiscoveredPython(_Model):
+    """An interpreter found on the target without being asked for (not run: torch read as text)."""
+
+    path: str
+    source: Literal["venv", "conda", "process"]
+    prefix: str | None = None
+    inspected: bool = False        # named in the probe's interpreter list as this very path
+    torch: TorchInfo | None = None
+
+
 class TorchRef(_Model):
     """`facts.torch`: the first python env that has torch."""
 
@@ -321,6 +331,7 @@ class Facts(_Model):
     dpkg: DpkgFacts = Field(default_factory=DpkgFacts)
     cuda: CudaFacts = Field(default_factory=CudaFacts)
     pythons: list[PythonEnv] = Field(default_factory=list)
+    discovered_pythons: list[DiscoveredPython] = Field(default_factory=list)
     gpu: GpuFacts = Field(default_factory=GpuFacts)
     build: BuildFacts = Field(default_factory=BuildFacts)
 

@@ -48,7 +48,9 @@ for py in "$@"; do
     printf '%s' "$SEP"; SEP=,
     probe_python "$py"
 done
-printf '],"gpu":'; probe_gpu
+printf ']'
+probe_discovered "$@"
+printf ',"gpu":'; probe_gpu
 printf ',"build":'; probe_build
 printf '}\n'
 }
@@ -821,6 +823,66 @@ probe_python() {
             printf ',"error":'; js "interpreter ran but printed no probe result (exit $_rc; python 3 required)"
             printf '}' ;;
     esac
+}
+
+# ---------------------------------------------------------------- interpreter discovery
+# Where torch often lives besides the interpreters inspected above: venvs under /opt and in home
+# directories, conda envs, and the interpreters of running python processes. Facts only, and cheap: no
+# interpreter is run (torch's version.py is read as text), one ls(1) for all of /proc, at most
+# DISCOVER_MAX candidates. What is inspected stays the inventory's choice (`python` / `pythons`).
+DISCOVER_MAX=16
+probe_discovered() {
+    _given=" $* "
+    printf ',"discovered_pythons":['
+    SEP=; _seen=; _count=0
+    for _py in "$R"/opt/*/bin/python3 "$R"/opt/*/venv/bin/python3 "$R"/opt/*/.venv/bin/python3 \
+        "$R"/root/.venv/bin/python3 "$R"/home/*/.venv/bin/python3 "$R"/root/venv/bin/python3 \
+        "$R"/opt/conda/envs/*/bin/python3 "$R"/opt/*conda*/envs/*/bin/python3 "$R"/root/*conda*/bin/python3 \
+        "$R"/root/*conda*/envs/*/bin/python3 "$R"/home/*/*conda*/envs/*/bin/python3; do
+        [ -x "$_py" ] || continue
+        _py=${_py#"$R"}
+        case $_py in */envs/*) discovered "$_py" conda ;; *conda*) discovered "$_py" conda ;; *) discovered "$_py" venv ;; esac
+    done
+    # Running python processes: their interpreter, found through /proc/PID/exe (this container's only).
+    _procs=$(ls -l /proc/[0-9]*/exe 2>/dev/null | head -n 512)
+    while [ -n "$_procs" ]; do
+        _line=${_procs%%"$NL"*}
+        case $_procs in *"$NL"*) _procs=${_procs#*"$NL"} ;; *) _procs= ;; esac
+        _exe=${_line##*-> }
+        case ${_exe##*/} in python | python3 | python3.[0-9]*) discovered "$_exe" process ;; esac
+    done
+    printf ']'
+}
+
+# discovered PATH SOURCE: one candidate, once, with torch's version and CUDA when its env has torch.
+discovered() {
+    [ "$_count" -lt "$DISCOVER_MAX" ] || return 0
+    case " $_seen " in *" $1 "*) return 0 ;; esac
+    _seen="$_seen $1"; _count=$((_count + 1))
+    _prefix=${1%/bin/*}
+    _tv=; _tc=; _tpath=
+    for _vf in "$R$_prefix"/lib/python3*/site-packages/torch/version.py; do
+        [ -f "$_vf" ] || continue
+        _tpath=${_vf%/version.py}; _tpath=${_tpath#"$R"}
+        while IFS= read -r _l || [ -n "$_l" ]; do
+            case $_l in
+                __version__*=*) _v=${_l#*=}; trim "$_v"; unquote "$TRIM"; _tv=$UNQ ;;
+                cuda*=*) case $_l in cuda[\ :=]*) _v=${_l#*=}; trim "$_v"; unquote "$TRIM"; _tc=$UNQ ;; esac ;;
+            esac
+        done <"$_vf"
+        break
+    done
+    [ "$_tc" = None ] && _tc=
+    printf '%s{"path":' "$SEP"; SEP=,; js "$1"
+    printf ',"source":"%s","prefix":' "$2"; js "$_prefix"
+    case $_given in *" $1 "*) printf ',"inspected":true' ;; *) printf ',"inspected":false' ;; esac
+    printf ',"torch":'
+    if [ -n "$_tpath" ]; then
+        printf '{"version":'; jn "$_tv"; printf ',"cuda":'; jn "$_tc"; printf ',"path":'; js "$_tpath"; printf '}'
+    else
+        printf null
+    fi
+    printf '}'
 }
 
 # ---------------------------------------------------------------- gpu

@@ -63,6 +63,9 @@ _HIDDEN_GLOBS = (
     "usr/share/keyrings/*nvidia*",
     "var/cache/apt/*.bin",
     "etc/alternatives/cuda*",
+    # The real-torch venv (realtorch.py) is a torch env under /opt: the probe's interpreter discovery
+    # would report it in every container. Only containers created with share=(its path,) see it.
+    "opt/fleetfix-torch-*",
 )
 # Directories replaced by empty opaque ones (so the host's contents disappear).
 # dist-packages too: pip installs of this machine's Debian python must not leak into containers.
@@ -530,8 +533,10 @@ class NodeState:
         tags: tuple[str, ...] = (),
         extra_config: dict[str, str] | None = None,
         template: Path | None = None,
+        share: tuple[str, ...] = (),
     ) -> Container:
-        """A stopped container; `template` is a root filesystem to use instead of this machine's /."""
+        """A stopped container; `template` is a root filesystem to use instead of this machine's /;
+        `share` names host paths normally hidden (the real-torch venv) that this container sees."""
         ct = Container(self, ctid)
         if ct.exists():
             raise ContainerError(f"CT {ctid} already exists on node '{self.name}'")
@@ -539,7 +544,7 @@ class NodeState:
         shutil.rmtree(ct.dir, ignore_errors=True)
         ct.dir.mkdir(parents=True)
         if template is None:
-            seed_hermetic_upper(ct.upper_dir, hostname)
+            seed_hermetic_upper(ct.upper_dir, hostname, share=share)
         else:
             if not any((template / path).exists() for path in ("etc/os-release", "usr/lib/os-release")):
                 raise ContainerError(f"{template} is not a root filesystem (no os-release)")
@@ -601,15 +606,18 @@ def _opaque_dir(upper: Path, relative: str) -> Path:
     return path
 
 
-def seed_hermetic_upper(upper: Path, hostname: str) -> None:
-    """Lay out the upper dir so the container starts clean (see the module docstring)."""
+def seed_hermetic_upper(upper: Path, hostname: str, *, share: tuple[str, ...] = ()) -> None:
+    """Lay out the upper dir so the container starts clean (see the module docstring); host paths in
+    `share` stay visible."""
+    shared = {path.rstrip("/") for path in share}
     upper.mkdir(parents=True, exist_ok=True)
     for entry in os.listdir("/"):
         if entry not in _ROOTFS_TOP:
             _whiteout(upper, entry)
     for pattern in _HIDDEN_GLOBS:
         for host_path in glob.glob("/" + pattern):
-            _whiteout(upper, host_path[1:])
+            if host_path not in shared:
+                _whiteout(upper, host_path[1:])
     for relative in _OPAQUE_DIRS:
         _opaque_dir(upper, relative)
     (upper / "tmp").chmod(0o1777)

@@ -42,3 +42,26 @@ def torch_notes(ctx: Context) -> Iterator[Finding]:
                 {"interpreter": env.interpreter, "torch_version": env.torch.version},
                 hint="install a CUDA build of torch if this target should use its GPU",
             )
+
+
+def torch_in_uninspected_env(ctx: Context) -> Iterator[Finding]:
+    """torch found (as text, by the probe's discovery) in a venv, conda env or running process that no
+    inspected interpreter covers: whatever is wrong there is not judged, and the target can look
+    healthy. The inventory stays the choice of what is inspected; this says what it leaves out."""
+    inspected = {e.prefix for e in ctx.facts.pythons if e.prefix} | {
+        e.executable for e in ctx.facts.pythons if e.executable}
+    for found in ctx.facts.discovered_pythons:
+        if found.torch is None or found.inspected or found.path in inspected or found.prefix in inspected:
+            continue
+        cuda = found.torch.cuda
+        yield finding(
+            "TORCH_IN_UNINSPECTED_ENV", Severity.WARNING if cuda else Severity.INFO,
+            f"torch {found.torch.version or '?'}" + (f" (CUDA {cuda})" if cuda else " (CPU)")
+            + f" is in {found.prefix} ({found.source}), which this probe did not inspect: its toolkit "
+            "and extensions are not judged",
+            {"path": found.path, "source": found.source, "prefix": found.prefix,
+             "torch_version": found.torch.version, "torch_cuda": cuda,
+             "inspected": sorted(e.interpreter for e in ctx.facts.pythons)},
+            hint=f"add it to the target's inventory: pythons: [python3, {found.path}] (or python: "
+                 f"{found.path}), then probe again",
+        )

@@ -278,6 +278,12 @@ CASES: dict[str, Case] = {
                                                   "executable": "/usr/bin/python",
                                                   "error": "interpreter ran but printed no probe result"}),
         Severity.WARNING),
+    "TORCH_IN_UNINSPECTED_ENV": Case(
+        "local_debian12_nvcc13", set_in("discovered_pythons", [{
+            "path": "/opt/train/venv/bin/python3", "source": "venv", "prefix": "/opt/train/venv",
+            "inspected": False, "torch": {"version": "2.11.0+cu128", "cuda": "12.8",
+                                          "path": "/opt/train/venv/lib/python3.11/site-packages/torch"}}]),
+        Severity.WARNING, evidence=("prefix", "/opt/train/venv")),
     "TORCH_NOT_FOUND": Case("local_debian12_nvcc13", NO_EDIT, Severity.INFO),
     "TORCH_CPU_ONLY": Case(
         "healthy",
@@ -596,3 +602,10 @@ def test_nvcc_on_path_of_another_major_is_an_error() -> None:
         set_in("cuda.nvcc_on_path", {"path": "/usr/local/cuda-13.0/bin/nvcc", "version": "13.0",
                                      "release": "V13.0.88"})))), "BUILD_PICKS_OTHER_NVCC")
     assert finding.severity is Severity.ERROR and finding.evidence["set_in"] == "PATH"
+
+
+def test_a_discovered_env_the_probe_inspected_is_no_finding() -> None:
+    inspected = {"path": "/usr/bin/python3.11", "source": "process", "prefix": "/usr", "inspected": False,
+                 "torch": {"version": "2.11.0+cu128", "cuda": "12.8", "path": None}}
+    findings = diagnose(edited("healthy", set_in("discovered_pythons", [inspected])))
+    assert findings == []   # its prefix (/usr) is python3's own

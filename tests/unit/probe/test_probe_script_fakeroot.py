@@ -435,3 +435,19 @@ def test_python_headers_are_looked_up_for_the_interpreter(
     expected = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
     assert env.python_h is expected
     assert env.conda_nvcc is None
+
+
+def test_discovers_venvs_and_conda_envs_with_torch_read_as_text(fakeroot: Path, fakebin: FakeBin) -> None:
+    for prefix in ("opt/train/venv", "opt/conda/envs/infer", "root/.venv"):
+        write(fakeroot, f"{prefix}/bin/python3", "#!/bin/sh\nexit 99\n")   # never run: it would fail
+        (fakeroot / prefix / "bin/python3").chmod(0o755)
+    write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
+    write(fakeroot, "opt/conda/envs/infer/lib/python3.12/site-packages/torch/version.py",
+          "__version__ = '2.9.1+cpu'\ncuda = None\n")
+    found = {d.path: d for d in probe(fakeroot, fakebin).discovered_pythons}
+    train = found["/opt/train/venv/bin/python3"]
+    assert (train.source, train.prefix, train.inspected) == ("venv", "/opt/train/venv", False)
+    assert train.torch is not None and (train.torch.version, train.torch.cuda) == ("2.11.0+cu128", "12.8")
+    infer = found["/opt/conda/envs/infer/bin/python3"]
+    assert infer.source == "conda" and infer.torch is not None and infer.torch.cuda is None
+    assert found["/root/.venv/bin/python3"].torch is None
