@@ -232,6 +232,7 @@ class TorchInfo(_Model):
     cuda: str | None = None        # "12.8"; None for CPU-only builds
     hip: str | None = None
     path: str | None = None
+    arch_list: list[str] | None = None   # what torch.cuda.get_arch_list() returns, read from the wheel
 
 
 class Extension(_Model):

@@ -529,6 +529,8 @@ import os, sys
 
 DEEP = sys.argv[1] == "1"
 INTERPRETER = sys.argv[2]
+# Only where a GPU is visible is it worth reading which archs torch was built for (one grep of ~30 MB).
+ARCH_SCAN = len(sys.argv) > 3 and sys.argv[3] == "1"
 EXTENSIONS = (
     ("causal_conv1d", "causal_conv1d_cuda", ("causal-conv1d", "causal_conv1d")),
     ("fla", None, ("flash-linear-attention", "fla-core")),
@@ -662,6 +664,25 @@ def read_torch_version(spec):
             "hip": as_str(values.get("hip")), "path": locations[0]}
 
 
+def wheel_arch_list(torch_dir):
+    # torch.cuda.get_arch_list() without importing torch: it is torch._C._cuda_getArchFlags().split(),
+    # a string compiled into lib/libtorch_python.so ("sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" in the
+    # 2.14.1 cu130 wheel), so grep finds it; the longest run of sm_/compute_ words is the list.
+    import subprocess
+    lib = os.path.join(torch_dir, "lib", "libtorch_python.so")
+    if not os.path.isfile(lib):
+        return None
+    pattern = r"(sm|compute)_[0-9]+[af]?( (sm|compute)_[0-9]+[af]?)*"
+    try:
+        out = subprocess.run(["grep", "-a", "-o", "-E", pattern, lib], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    runs = out.decode("ascii", "replace").split("\n")
+    best = max(runs, key=len) if runs else ""
+    return best.split() or None
+
+
 def run_child(code, timeout):
     import subprocess
     try:
@@ -776,6 +797,8 @@ def main():
         raise RuntimeError("python %d.%d is too old to inspect (3.6+)" % tuple(sys.version_info[:2]))
     torch_spec = find("torch")
     torch = read_torch_version(torch_spec) if torch_spec else None
+    if torch is not None:
+        torch["arch_list"] = wheel_arch_list(torch["path"]) if ARCH_SCAN and torch.get("cuda") else None
     env = {
         "interpreter": INTERPRETER, "found": True, "executable": sys.executable,
         "version": "%d.%d.%d" % tuple(sys.version_info[:3]), "prefix": sys.prefix,
@@ -812,7 +835,9 @@ probe_python() {
         return 0
     fi
     _limit=120; [ "$DEEP" = 1 ] && _limit=900
-    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" 2>/dev/null)
+    _scan=0
+    for _d in "$R"/dev/nvidia[0-9]*; do [ -e "$_d" ] && _scan=1; done
+    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" "$_scan" 2>/dev/null)
     _rc=$?
     _out=${_out##*"$NL"}   # the result is the last line; anything a .pth file printed comes before
     case $_out in

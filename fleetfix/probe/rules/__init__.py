@@ -46,6 +46,7 @@ REGISTRY: tuple[Registered, ...] = (
     # CUDA toolkit
     Registered(toolkit.runtime_without_toolkit, ("CUDA_RUNTIME_WITHOUT_TOOLKIT",)),
     Registered(toolkit.toolkit_mismatch, ("CUDA_TOOLKIT_MAJOR_MISMATCH", "CUDA_TOOLKIT_MINOR_MISMATCH")),
+    Registered(arch.torch_wheel_lacks_arch, ("TORCH_WHEEL_LACKS_ARCH",)),
     Registered(arch.gpu_arch_unsupported, ("GPU_ARCH_UNSUPPORTED_BY_TOOLKIT",)),
     Registered(toolkit.default_link_mismatch, ("CUDA_DEFAULT_LINK_MISMATCH",)),
     Registered(toolkit.build_picks_other_nvcc, ("BUILD_PICKS_OTHER_NVCC",)),

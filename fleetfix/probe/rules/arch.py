@@ -66,3 +66,51 @@ def gpu_arch_unsupported(ctx: Context) -> Iterator[Finding]:
                     "can no longer compile for (removed in 13.0)",
                     evidence, hint="use a torch build for CUDA 12.x and the matching 12.x toolkit",
                 )
+
+
+def _runs_on(arch_list: list[str], cap: tuple[int, int]) -> bool:
+    """Whether a wheel built for arch_list has code for a GPU of compute capability cap: SASS for the
+    same major with a minor <= its own (binary compatibility; an `a` target only on its exact arch), or
+    PTX (compute_XY) of an arch <= it, which the driver JIT-compiles forward."""
+    for entry in arch_list:
+        kind, _, number = entry.partition("_")
+        suffix = number[-1] if number[-1:] in ("a", "f") else ""
+        digits = number[: len(number) - len(suffix)]
+        if not digits.isdigit() or len(digits) < 2:
+            continue
+        target = (int(digits[:-1]), int(digits[-1]))
+        if kind == "compute" and target <= cap:
+            return True
+        same_family = kind == "sm" and target[0] == cap[0] and target[1] <= cap[1]
+        if same_family and (suffix != "a" or target == cap):
+            return True
+    return False
+
+
+def torch_wheel_lacks_arch(ctx: Context) -> Iterator[Finding]:
+    """The torch build itself has no kernels for the GPU (recent cu12x/cu13x wheels dropped Maxwell,
+    Pascal, Volta): 'no kernel image is available' in torch itself, not in an extension."""
+    for env in ctx.facts.torch_envs:
+        torch = env.torch
+        if torch is None or not torch.cuda:
+            continue
+        confirmed = bool(env.deep and env.deep.arch_list)
+        arch_list = list(env.deep.arch_list) if env.deep and confirmed else torch.arch_list
+        if not arch_list:
+            continue
+        caps = set(ctx.facts.gpu.compute_caps) | set(env.deep.capabilities if env.deep else [])
+        for cap in sorted(caps):
+            mm = major_minor(cap)
+            if mm is None or _runs_on(arch_list, mm):
+                continue
+            yield finding(
+                "TORCH_WHEEL_LACKS_ARCH", Severity.ERROR,
+                f"torch {torch.version} in {env.interpreter} was built for {' '.join(arch_list)}, nothing "
+                f"that runs on this sm_{mm[0]}{mm[1]} GPU: torch itself fails with 'no kernel image is "
+                "available for execution on the device'",
+                {"interpreter": env.interpreter, "torch_version": torch.version, "torch_cuda": torch.cuda,
+                 "arch_list": arch_list, "compute_cap": cap, "gpu_names": ctx.facts.gpu.names,
+                 "confirmed_by_deep": confirmed},
+                hint="install a torch build whose arch list covers the GPU (for Maxwell/Pascal/Volta a "
+                     "CUDA 12.6 wheel, whose list still starts at 5.0), or move the workload to a newer GPU",
+            )

@@ -176,6 +176,11 @@ CASES: dict[str, Case] = {
     "CUDA_TOOLKIT_MINOR_MISMATCH": Case(
         "healthy", set_in("cuda.toolkits", [toolkit("12.9", "86")]), Severity.WARNING,
         evidence=("nvcc_versions", ["12.9"])),
+    "TORCH_WHEEL_LACKS_ARCH": Case(
+        "healthy", chain(set_in("pythons.0.torch.arch_list", ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                                               "sm_120"]),
+                         set_in("gpu.names", ["Tesla V100-SXM2-32GB"]), set_in("gpu.compute_caps", ["7.0"])),
+        Severity.ERROR, evidence=("confirmed_by_deep", False)),
     "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT": Case(
         "healthy", chain(set_in("pythons.0.torch.cuda", "12.4"),
                          set_in("pythons.0.torch.version", "2.5.1+cu124"),
@@ -609,3 +614,26 @@ def test_a_discovered_env_the_probe_inspected_is_no_finding() -> None:
                  "torch": {"version": "2.11.0+cu128", "cuda": "12.8", "path": None}}
     findings = diagnose(edited("healthy", set_in("discovered_pythons", [inspected])))
     assert findings == []   # its prefix (/usr) is python3's own
+
+
+@pytest.mark.parametrize(("arch_list", "cap", "runs"), [
+    (["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "8.9", True),   # cu128 on an L40S
+    (["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "10.3", True),  # B300: sm_100
+    (["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "6.1", False),  # cu128 on a P40
+    (["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], "6.1", True),     # cu126 on a P40
+    (["sm_80", "sm_90", "compute_90"], "12.0", True),                                   # PTX JIT forward
+    (["sm_90a"], "9.0", True), (["sm_90a"], "10.0", False),                             # `a`: exact only
+])
+def test_wheel_arch_coverage(arch_list: list[str], cap: str, runs: bool) -> None:
+    findings = diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.arch_list", arch_list), set_in("gpu.compute_caps", [cap]))))
+    assert ("TORCH_WHEEL_LACKS_ARCH" in [f.code for f in findings]) is not runs
+
+
+def test_deep_arch_list_confirms() -> None:
+    deep = {"cuda_available": True, "device_count": 1, "capabilities": ["6.0"],
+            "arch_list": ["sm_75", "sm_80"], "error": None}
+    finding = only(diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.arch_list", None), set_in("gpu.compute_caps", ["6.0"]),
+        set_in("pythons.0.deep", deep)))), "TORCH_WHEEL_LACKS_ARCH")
+    assert finding.evidence["confirmed_by_deep"] is True

@@ -451,3 +451,31 @@ def test_discovers_venvs_and_conda_envs_with_torch_read_as_text(fakeroot: Path, 
     infer = found["/opt/conda/envs/infer/bin/python3"]
     assert infer.source == "conda" and infer.torch is not None and infer.torch.cuda is None
     assert found["/root/.venv/bin/python3"].torch is None
+
+
+def test_the_wheels_arch_list_is_read_without_importing_torch_where_a_gpu_is(
+    fakeroot: Path, fakebin: FakeBin, site: Path, tmp_path: Path,
+) -> None:
+    fakebin.link("python3", sys.executable)
+    (site / "torch/lib").mkdir()
+    (site / "torch/lib/libtorch_python.so").write_bytes(
+        b"\x7fELF\0sm_80\0junk\0cpp_abi\0\0sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\0/torch/csrc/cuda/\0")
+    no_gpu = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0]
+    assert no_gpu.torch is not None and no_gpu.torch.arch_list is None     # no GPU: not worth the grep
+    write(fakeroot, "dev/nvidia0", "")
+    env = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0]
+    assert env.torch is not None
+    assert env.torch.arch_list == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    assert not (tmp_path / "torch-imported").exists()
+
+
+REAL_TORCH_PYTHON = Path("/opt/fleetfix-torch-2.14.1/bin/python3")
+
+
+@pytest.mark.skipif(not REAL_TORCH_PYTHON.exists(),
+                    reason="the real torch venv (tests/lab/realtorch.py) is not built here")
+def test_the_real_cu130_wheels_arch_list(fakeroot: Path, fakebin: FakeBin) -> None:
+    write(fakeroot, "dev/nvidia0", "")
+    env = probe(fakeroot, fakebin, (str(REAL_TORCH_PYTHON),)).pythons[0]
+    assert env.torch is not None and env.torch.cuda == "13.0"
+    assert env.torch.arch_list == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
