@@ -27,7 +27,7 @@ from fleetfix.audit import AuditRun
 from fleetfix.audit.drift import IDENTITY_KEYS
 from fleetfix.audit.model import HEALTH_ORDER, TargetResult, TrendPoint
 from fleetfix.probe import Finding, Fix
-from fleetfix.probe.rules import MIN_DRIVER_BY_MAJOR
+from fleetfix.probe.rules.tables import MIN_DRIVER_BY_MAJOR
 
 # Worst first: the order groups, fixes and bars are sorted by.
 HEALTH_RANK = {health: rank for rank, health in enumerate(reversed(HEALTH_ORDER))}

@@ -27,6 +27,10 @@ KNOWN_NVIDIA_REPOS = frozenset({
     "debian11", "debian12", "debian13",
 })
 NVIDIA_ARCH_BY_MACHINE = {"x86_64": "x86_64", "aarch64": "sbsa"}
+# NVIDIA's dnf repositories for RHEL and its rebuilds (Rocky, Alma): .../repos/rhel<major>/<arch>/
+# cuda-rhel<major>.repo (docs/findings.md, RPM_DISTRO_TOOLKIT, cites them).
+KNOWN_NVIDIA_RPM_REPOS = frozenset({"rhel8", "rhel9", "rhel10"})
+RHEL_FAMILY = frozenset({"rhel", "rocky", "almalinux", "centos"})
 _REPO_PATH = re.compile(r"/compute/cuda/repos/([^/]+)/([^/]+)")
 
 
@@ -45,6 +49,16 @@ def nvidia_distro(os_id: str | None, version_id: str | None) -> str | None:
     """NVIDIA's repo code for this OS, or None when NVIDIA publishes no repo for it."""
     code = nvidia_distro_code(os_id, version_id)
     return code if code in KNOWN_NVIDIA_REPOS else None
+
+
+def nvidia_rpm_distro(os_id: str | None, id_like: str | None, version_id: str | None) -> str | None:
+    """rhel<major> for RHEL and rebuilds that say they are like it (ID_LIKE has rhel), when NVIDIA has a
+    dnf repository for that major; None otherwise (Fedora has its own repos, not mapped here)."""
+    family = {os_id or ""} | set((id_like or "").split())
+    if not version_id or not (family & RHEL_FAMILY) or os_id == "fedora":
+        return None
+    code = "rhel" + version_id.split(".")[0]
+    return code if code in KNOWN_NVIDIA_RPM_REPOS else None
 
 
 def nvidia_arch(machine: str | None) -> str | None:
@@ -80,6 +94,11 @@ class OsFacts(_Model):
     @property
     def nvidia_arch(self) -> str | None:
         return nvidia_arch(self.machine)
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def nvidia_rpm_distro(self) -> str | None:
+        return nvidia_rpm_distro(self.id, self.id_like, self.version_id)
 
 
 class AptSource(_Model):
@@ -120,6 +139,17 @@ class KeyringHit(_Model):
     file: str
 
 
+class NvidiaIndex(_Model):
+    """apt's downloaded index of NVIDIA's repository: how many list files, which cuda-nvcc-X-Y."""
+
+    files: int = 0
+    nvcc: list[str] = Field(default_factory=list)   # "12-8", "13-0"
+
+    def carries(self, cuda: str) -> bool | None:
+        """Whether the index has cuda-nvcc for X.Y; None when there is no index to tell."""
+        return cuda.replace(".", "-") in self.nvcc if self.files else None
+
+
 class AptFacts(_Model):
     present: bool = False
     version: str | None = None
@@ -129,6 +159,8 @@ class AptFacts(_Model):
     keyring_file: bool = False
     nvidia_sources: list[AptSource] = Field(default_factory=list)
     nvidia_keys: list[KeyringHit] = Field(default_factory=list)
+    apt_key: bool | None = None          # None: an older probe that did not look
+    nvidia_index: NvidiaIndex = Field(default_factory=NvidiaIndex)
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -167,6 +199,7 @@ class Nvcc(_Model):
     path: str
     version: str | None = None     # "12.8"
     release: str | None = None     # "V12.8.93"
+    complete: bool | None = None   # pip wheels: runtime headers and CCCL beside nvcc (None: not a pip nvcc)
 
 
 class Toolkit(_Model):
@@ -187,6 +220,8 @@ class CudaFacts(_Model):
     nvcc_on_path: Nvcc | None = None
     distro_nvcc: Nvcc | None = None
     packages: list[Package] = Field(default_factory=list)
+    env_cuda_home: str | None = None       # CUDA_HOME/CUDA_PATH set for logins (/etc/environment, profile)
+    env_cuda_home_file: str | None = None  # the file that sets it
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:
         return next((t for t in self.toolkits if t.path == path), None)
@@ -197,6 +232,7 @@ class TorchInfo(_Model):
     cuda: str | None = None        # "12.8"; None for CPU-only builds
     hip: str | None = None
     path: str | None = None
+    arch_list: list[str] | None = None   # what torch.cuda.get_arch_list() returns, read from the wheel
 
 
 class Extension(_Model):
@@ -226,8 +262,20 @@ class PythonEnv(_Model):
     torch: TorchInfo | None = None
     extensions: dict[str, Extension] = Field(default_factory=dict)
     pip_nvcc: list[Nvcc] = Field(default_factory=list)
+    conda_nvcc: Nvcc | None = None        # $CONDA_PREFIX/bin/nvcc of a conda env (conda's cuda-nvcc)
+    python_h: bool | None = None          # Python.h for this interpreter (None: an older probe)
     deep: DeepTorch | None = None
     error: str | None = None
+
+
+class DiscoveredPython(_Model):
+    """An interpreter found on the target without being asked for (not run: torch read as text)."""
+
+    path: str
+    source: Literal["venv", "conda", "process"]
+    prefix: str | None = None
+    inspected: bool = False        # named in the probe's interpreter list as this very path
+    torch: TorchInfo | None = None
 
 
 class TorchRef(_Model):
@@ -270,6 +318,8 @@ class BuildFacts(_Model):
     mem_total_mb: int | None = None
     mem_available_mb: int | None = None
     cpus: int | None = None
+    tmp_fstype: str | None = None                        # /tmp's filesystem type when it is a mount
+    tmp_free_mb: dict[str, int | None] | None = None     # {"/tmp": MiB}, only when /tmp is a tmpfs
 
 
 class Facts(_Model):
@@ -282,6 +332,7 @@ class Facts(_Model):
     dpkg: DpkgFacts = Field(default_factory=DpkgFacts)
     cuda: CudaFacts = Field(default_factory=CudaFacts)
     pythons: list[PythonEnv] = Field(default_factory=list)
+    discovered_pythons: list[DiscoveredPython] = Field(default_factory=list)
     gpu: GpuFacts = Field(default_factory=GpuFacts)
     build: BuildFacts = Field(default_factory=BuildFacts)
 

@@ -48,7 +48,9 @@ for py in "$@"; do
     printf '%s' "$SEP"; SEP=,
     probe_python "$py"
 done
-printf '],"gpu":'; probe_gpu
+printf ']'
+probe_discovered "$@"
+printf ',"gpu":'; probe_gpu
 printf ',"build":'; probe_build
 printf '}\n'
 }
@@ -179,6 +181,29 @@ probe_apt() {
     done
     printf '],"nvidia_keys":['
     probe_keys
+    printf ']'
+    # apt >= 2.9 ships no apt-key (Debian 13 has none): advice to run it must know.
+    printf ',"apt_key":'; if have apt-key; then printf true; else printf false; fi
+    probe_nvidia_index
+    printf '}'
+}
+
+# What NVIDIA's repository really carries, from apt's own downloaded index of it (no network): the
+# cuda-nvcc-X-Y packages in .../lists/*compute_cuda_repos*_Packages, one grep over all of them.
+probe_nvidia_index() {
+    set --
+    for _f in "$R"/var/lib/apt/lists/*compute_cuda_repos*_Packages; do
+        [ -f "$_f" ] && set -- "$@" "$_f"
+    done
+    printf ',"nvidia_index":{"files":%s,"nvcc":[' "$#"
+    [ $# -gt 0 ] || { printf ']}'; return 0; }
+    _seen=; SEP=
+    for _v in $(grep -h '^Package: cuda-nvcc-[0-9]*-[0-9]*$' "$@" 2>/dev/null); do
+        case $_v in cuda-nvcc-*) _v=${_v#cuda-nvcc-} ;; *) continue ;; esac
+        case " $_seen " in *" $_v "*) continue ;; esac
+        _seen="$_seen $_v"
+        printf '%s"%s"' "$SEP" "$_v"; SEP=,
+    done
     printf ']}'
 }
 
@@ -465,7 +490,31 @@ probe_cuda() {
                 js "$_name"; printf ',"version":'; js "${_line#*"$TAB"}"; printf '}' ;;
         esac
     done
-    printf ']}'
+    printf ']'
+    probe_env_cuda_home
+    printf '}'
+}
+
+# CUDA_HOME / CUDA_PATH set for logins (/etc/environment, /etc/profile.d, root's profile files): a build
+# started from a shell uses it before anything on PATH. The last literal assignment wins; a value that
+# expands something ($VAR) is not resolved, it is reported as it is written.
+probe_env_cuda_home() {
+    set --
+    for _f in "$R/etc/environment" "$R"/etc/profile.d/*.sh "$R/etc/profile" "$R/root/.profile" \
+        "$R/root/.bashrc" "$R/root/.bash_profile"; do
+        [ -f "$_f" ] && set -- "$@" "$_f"
+    done
+    _home=; _from=
+    if [ $# -gt 0 ]; then
+        _hits=$(grep -E '^[[:space:]]*(export[[:space:]]+)?CUDA_(HOME|PATH)=' "$@" 2>/dev/null)
+        _last=${_hits##*"$NL"}
+        if [ -n "$_last" ]; then
+            case $# in 1) _from=${1#"$R"}; _val=$_last ;; *) _from=${_last%%:*}; _from=${_from#"$R"}; _val=${_last#*:} ;; esac
+            _val=${_val#*=}; trim "$_val"; unquote "$TRIM"; _home=$UNQ
+        fi
+    fi
+    printf ',"env_cuda_home":'; jn "$_home"
+    printf ',"env_cuda_home_file":'; jn "$_from"
 }
 
 # ---------------------------------------------------------------- python envs
@@ -480,6 +529,8 @@ import os, sys
 
 DEEP = sys.argv[1] == "1"
 INTERPRETER = sys.argv[2]
+# Only where a GPU is visible is it worth reading which archs torch was built for (one grep of ~30 MB).
+ARCH_SCAN = len(sys.argv) > 3 and sys.argv[3] == "1"
 EXTENSIONS = (
     ("causal_conv1d", "causal_conv1d_cuda", ("causal-conv1d", "causal_conv1d")),
     ("fla", None, ("flash-linear-attention", "fla-core")),
@@ -613,6 +664,25 @@ def read_torch_version(spec):
             "hip": as_str(values.get("hip")), "path": locations[0]}
 
 
+def wheel_arch_list(torch_dir):
+    # torch.cuda.get_arch_list() without importing torch: it is torch._C._cuda_getArchFlags().split(),
+    # a string compiled into lib/libtorch_python.so ("sm_75 sm_80 sm_86 sm_90 sm_100 sm_120" in the
+    # 2.14.1 cu130 wheel), so grep finds it; the longest run of sm_/compute_ words is the list.
+    import subprocess
+    lib = os.path.join(torch_dir, "lib", "libtorch_python.so")
+    if not os.path.isfile(lib):
+        return None
+    pattern = r"(sm|compute)_[0-9]+[af]?( (sm|compute)_[0-9]+[af]?)*"
+    try:
+        out = subprocess.run(["grep", "-a", "-o", "-E", pattern, lib], stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    runs = out.decode("ascii", "replace").split("\n")
+    best = max(runs, key=len) if runs else ""
+    return best.split() or None
+
+
 def run_child(code, timeout):
     import subprocess
     try:
@@ -641,6 +711,15 @@ def nvcc_info(path):
             "release": found.group(2) if found else None}
 
 
+def pip_toolkit_complete(packages):
+    # A buildable toolkit needs more than the nvcc wheel (JAX, say, pulls in nvidia-cuda-nvcc-cu12
+    # alone): the runtime headers and CCCL (CUB) too, which cuda-toolkit-pip.yaml installs with it.
+    includes = [os.path.join(packages, p, "include") for p in listdir(packages)]
+    runtime = any(os.path.isfile(os.path.join(i, "cuda_runtime_api.h")) for i in includes)
+    cub = any(os.path.isfile(os.path.join(i, sub, "cub", "cub.cuh")) for i in includes for sub in ("", "cccl"))
+    return runtime and cub
+
+
 def pip_nvccs():
     seen, found = set(), []
     for entry in sys.path:
@@ -650,8 +729,26 @@ def pip_nvccs():
             real = os.path.realpath(path)
             if os.path.isfile(path) and real not in seen and os.access(path, os.X_OK):
                 seen.add(real)
-                found.append(nvcc_info(path))
+                info = nvcc_info(path)
+                info["complete"] = pip_toolkit_complete(packages)
+                found.append(info)
     return found
+
+
+def python_headers():
+    # Python.h, which every C/CUDA extension build includes (Debian: python3.X-dev); no sysconfig import.
+    base = getattr(sys, "base_prefix", sys.prefix)
+    name = "python%d.%d%s" % (sys.version_info[0], sys.version_info[1], getattr(sys, "abiflags", ""))
+    return any(os.path.isfile(os.path.join(root, "include", name, "Python.h"))
+               for root in dict.fromkeys([sys.prefix, base]))
+
+
+def conda_nvcc():
+    # conda's cuda-nvcc package puts nvcc in the env's own bin/ (a conda env has conda-meta/).
+    path = os.path.join(sys.prefix, "bin", "nvcc")
+    if os.path.isdir(os.path.join(sys.prefix, "conda-meta")) and os.access(path, os.X_OK):
+        return nvcc_info(path)
+    return None
 
 
 DEEP_TORCH = """
@@ -700,11 +797,14 @@ def main():
         raise RuntimeError("python %d.%d is too old to inspect (3.6+)" % tuple(sys.version_info[:2]))
     torch_spec = find("torch")
     torch = read_torch_version(torch_spec) if torch_spec else None
+    if torch is not None:
+        torch["arch_list"] = wheel_arch_list(torch["path"]) if ARCH_SCAN and torch.get("cuda") else None
     env = {
         "interpreter": INTERPRETER, "found": True, "executable": sys.executable,
         "version": "%d.%d.%d" % tuple(sys.version_info[:3]), "prefix": sys.prefix,
         "virtualenv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
         "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
+        "python_h": python_headers(), "conda_nvcc": conda_nvcc(),
     }
     for name, compiled, dists in EXTENSIONS:
         env["extensions"][name] = extension(name, compiled, dists, torch is not None)
@@ -735,7 +835,9 @@ probe_python() {
         return 0
     fi
     _limit=120; [ "$DEEP" = 1 ] && _limit=900
-    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" 2>/dev/null)
+    _scan=0
+    for _d in "$R"/dev/nvidia[0-9]*; do [ -e "$_d" ] && _scan=1; done
+    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" "$_scan" 2>/dev/null)
     _rc=$?
     _out=${_out##*"$NL"}   # the result is the last line; anything a .pth file printed comes before
     case $_out in
@@ -746,6 +848,66 @@ probe_python() {
             printf ',"error":'; js "interpreter ran but printed no probe result (exit $_rc; python 3 required)"
             printf '}' ;;
     esac
+}
+
+# ---------------------------------------------------------------- interpreter discovery
+# Where torch often lives besides the interpreters inspected above: venvs under /opt and in home
+# directories, conda envs, and the interpreters of running python processes. Facts only, and cheap: no
+# interpreter is run (torch's version.py is read as text), one ls(1) for all of /proc, at most
+# DISCOVER_MAX candidates. What is inspected stays the inventory's choice (`python` / `pythons`).
+DISCOVER_MAX=16
+probe_discovered() {
+    _given=" $* "
+    printf ',"discovered_pythons":['
+    SEP=; _seen=; _count=0
+    for _py in "$R"/opt/*/bin/python3 "$R"/opt/*/venv/bin/python3 "$R"/opt/*/.venv/bin/python3 \
+        "$R"/root/.venv/bin/python3 "$R"/home/*/.venv/bin/python3 "$R"/root/venv/bin/python3 \
+        "$R"/opt/conda/envs/*/bin/python3 "$R"/opt/*conda*/envs/*/bin/python3 "$R"/root/*conda*/bin/python3 \
+        "$R"/root/*conda*/envs/*/bin/python3 "$R"/home/*/*conda*/envs/*/bin/python3; do
+        [ -x "$_py" ] || continue
+        _py=${_py#"$R"}
+        case $_py in */envs/*) discovered "$_py" conda ;; *conda*) discovered "$_py" conda ;; *) discovered "$_py" venv ;; esac
+    done
+    # Running python processes: their interpreter, found through /proc/PID/exe (this container's only).
+    _procs=$(ls -l /proc/[0-9]*/exe 2>/dev/null | head -n 512)
+    while [ -n "$_procs" ]; do
+        _line=${_procs%%"$NL"*}
+        case $_procs in *"$NL"*) _procs=${_procs#*"$NL"} ;; *) _procs= ;; esac
+        _exe=${_line##*-> }
+        case ${_exe##*/} in python | python3 | python3.[0-9]*) discovered "$_exe" process ;; esac
+    done
+    printf ']'
+}
+
+# discovered PATH SOURCE: one candidate, once, with torch's version and CUDA when its env has torch.
+discovered() {
+    [ "$_count" -lt "$DISCOVER_MAX" ] || return 0
+    case " $_seen " in *" $1 "*) return 0 ;; esac
+    _seen="$_seen $1"; _count=$((_count + 1))
+    _prefix=${1%/bin/*}
+    _tv=; _tc=; _tpath=
+    for _vf in "$R$_prefix"/lib/python3*/site-packages/torch/version.py; do
+        [ -f "$_vf" ] || continue
+        _tpath=${_vf%/version.py}; _tpath=${_tpath#"$R"}
+        while IFS= read -r _l || [ -n "$_l" ]; do
+            case $_l in
+                __version__*=*) _v=${_l#*=}; trim "$_v"; unquote "$TRIM"; _tv=$UNQ ;;
+                cuda*=*) case $_l in cuda[\ :=]*) _v=${_l#*=}; trim "$_v"; unquote "$TRIM"; _tc=$UNQ ;; esac ;;
+            esac
+        done <"$_vf"
+        break
+    done
+    [ "$_tc" = None ] && _tc=
+    printf '%s{"path":' "$SEP"; SEP=,; js "$1"
+    printf ',"source":"%s","prefix":' "$2"; js "$_prefix"
+    case $_given in *" $1 "*) printf ',"inspected":true' ;; *) printf ',"inspected":false' ;; esac
+    printf ',"torch":'
+    if [ -n "$_tpath" ]; then
+        printf '{"version":'; jn "$_tv"; printf ',"cuda":'; jn "$_tc"; printf ',"path":'; js "$_tpath"; printf '}'
+    else
+        printf null
+    fi
+    printf '}'
 }
 
 # ---------------------------------------------------------------- gpu
@@ -861,6 +1023,14 @@ probe_build() {
     printf ',"mem_available_mb":'; case $_ma in '' | *[!0-9]*) printf null ;; *) printf '%s' $((_ma / 1024)) ;; esac
     _cpus=$(nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null)
     printf ',"cpus":'; ji "$_cpus"
+    # pip builds in $TMPDIR (/tmp): on a tmpfs that is RAM, and an extension's build tree is ~1 GB.
+    _tmpfs=
+    if [ -r /proc/mounts ]; then
+        while read -r _ _mp _fs _; do [ "$_mp" = /tmp ] && _tmpfs=$_fs; done </proc/mounts
+    fi
+    printf ',"tmp_fstype":'; jn "$_tmpfs"
+    printf ',"tmp_free_mb":'
+    if [ "$_tmpfs" = tmpfs ]; then disk_free_json /tmp; else printf null; fi
     printf '}'
 }
 

@@ -87,7 +87,7 @@ def toolkit_wheels() -> Path:
 def torch_ct(make_ct: Callable[..., Container], tmp_path: Path, lab: Lab, real_torch: RealTorch
              ) -> tuple[Container, list[str]]:
     """A container whose python is the real torch venv (no toolkit, no apt source), + its inventory."""
-    ct = make_ct()
+    ct = make_ct(share=(str(real_torch.venv),))
     add_tiny_extension_source(ct)
     inventory = write_inventory(tmp_path / "inventory.yaml", lab,
                                 [(ct.ctid, {"python": str(real_torch.python)})])

@@ -10,6 +10,7 @@ from tests.e2e.scenarios import problem_case
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
+from tests.lab.httpproxy import HttpProxy
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
@@ -87,3 +88,34 @@ def test_a_failing_container_is_reported_and_the_other_still_fixed(
     recorded_failure = next(s for s in recorded if s["status"] == "failed")
     assert any("404" in script["stdout"] + script["stderr"] for script in recorded_failure["scripts"])
     assert detail["targets"][fixed["target"]]["status"] == "changed"
+
+
+def test_behind_apts_proxy_the_keyring_and_the_index_come_through_it(
+    lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, tmp_path: Path,
+) -> None:
+    """A fleet whose only way out is the proxy apt is configured with: the repository is named by a host
+    the container cannot reach directly (/etc/hosts points it at a dead loopback address, so no DNS query
+    leaves the machine); the pre-flight index read, the keyring download and apt all go through the
+    proxy."""
+    upstream = apt_repo.base_url.split("/compute/")[0]
+    proxy = HttpProxy(upstream).start()
+    try:
+        def behind_proxy(ct: Container) -> None:
+            problem_case(ct)
+            ct.sh("echo '127.0.0.9 nvidia-mirror.invalid' >> /etc/hosts\n"
+                  f"echo 'Acquire::http::Proxy \"{proxy.url}\";' > /etc/apt/apt.conf.d/90proxy\n")
+        ct = make_ct(setup=behind_proxy)
+        direct = ct.sh("python3 -c 'import urllib.request; urllib.request.urlopen("
+                       "\"http://nvidia-mirror.invalid/\", timeout=5)'", check=False)
+        assert direct.returncode != 0   # no way there but the proxy
+        base = "http://nvidia-mirror.invalid/compute/cuda/repos"
+        result = run_cli("apply", PLAYBOOK, *host_args(lab, None, ct.ctid), "--var", f"cuda_repo_base={base}",
+                         "--state-dir", str(tmp_path / "state"), "--json")
+        assert result.exit_code == 0, result.stdout + result.stderr
+        assert "release 12.8, V12.8.93" in nvcc_version(ct)
+        seen = proxy.seen
+        assert f"GET {base}/debian12/x86_64/Packages.gz" in seen                       # the pre-flight
+        assert f"GET {base}/debian12/x86_64/cuda-keyring_1.1-1_all.deb" in seen        # the keyring
+        assert any(line.endswith("/debian12/x86_64/InRelease") for line in seen)       # apt itself
+    finally:
+        proxy.stop()

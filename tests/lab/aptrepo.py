@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the package contents or layout change, so stale caches are not reused.
-_CACHE_SCHEMA = 4
+_CACHE_SCHEMA = 5
 # Fixed timestamp for reproducible .debs (dpkg-deb clamps tar mtimes and stamps the ar header with it).
 _SOURCE_DATE_EPOCH = "1735689600"  # 2025-01-01T00:00:00Z
 _KEYRING_NAME = "cuda-keyring"
@@ -68,7 +68,12 @@ Pin-Priority: 600
 _KNOWN_NVCC_BANNERS: dict[str, tuple[str, str, str]] = {
     "V12.8.93": ("2005-2025", "Fri_Feb_21_20:23:59_PST_2025", "cuda_12.8.r12.8/compiler.35583870_0"),
     "V12.4.131": ("2005-2024", "Thu_Mar_28_02:18:24_PDT_2024", "cuda_12.4.r12.4/compiler.34097967_0"),
+    # What this machine's real /usr/local/cuda-13.0/bin/nvcc prints.
+    "V13.0.88": ("2005-2025", "Wed_Aug_20_01:58:59_PM_PDT_2025", "cuda_13.0.r13.0/compiler.36424714_0"),
 }
+# How the repository key's self-signatures are bound. NVIDIA's 3bf863cc (every Debian-family repo but
+# debian13) is bound with SHA-1, which apt 3's sqv rejects since 2026-02-01; debian13's key uses SHA-256.
+KEY_BINDINGS = ("sha256", "sha1")
 REAL_CUDA_13_0 = Path("/usr/local/cuda-13.0")
 _DEB_ARCH = {"x86_64": "amd64", "sbsa": "arm64"}
 
@@ -126,6 +131,8 @@ DEFAULT_CUDA_RELEASES: tuple[CudaRelease, ...] = (
     CudaRelease("12.8", "V12.8.93"),
     CudaRelease("12.4", "V12.4.131"),
 )
+# The debian13 tree carries a 13.x line only (docs/testbed.md says why).
+DEBIAN13_CUDA_RELEASES: tuple[CudaRelease, ...] = (CudaRelease("13.0", "V13.0.88"),)
 
 
 # --- package specifications ---------------------------------------------------------------------------
@@ -515,6 +522,7 @@ class BuiltRepo:
     key_fingerprint: str
     build_seconds: float  # how long the build that produced this cache took
     from_cache: bool  # True when this call reused an earlier build
+    key_binding: str = "sha256"
 
     @property
     def pool_dir(self) -> Path:
@@ -578,16 +586,24 @@ def _gpg(home: Path, *args: str) -> bytes:
     return _run(["gpg", "--batch", "--yes", "--no-tty", *args], env=env)
 
 
-def _generate_key(keys_out: Path) -> tuple[str, bytes]:
-    """Generate the throwaway signing key into keys_out (a GNUPGHOME); returns (fingerprint, public key)."""
+def _generate_key(keys_out: Path, binding: str = "sha256") -> tuple[str, bytes]:
+    """Generate the throwaway signing key into keys_out (a GNUPGHOME); returns (fingerprint, public key).
+
+    binding "sha1": an RSA key whose user-ID self-signature (the binding apt's sqv checks) uses SHA-1,
+    like NVIDIA's 3bf863cc; "sha256": an ed25519 key bound with SHA-256, like debian13's 8793F200."""
+    if binding not in KEY_BINDINGS:
+        raise AptRepoError(f"key binding must be one of {KEY_BINDINGS}, got {binding!r}")
+    algorithm, digest = ("rsa3072", "SHA1") if binding == "sha1" else ("ed25519", "SHA256")
     with _gnupg_session(None) as home:
         _gpg(
             home,
             "--passphrase",
             "",
+            "--cert-digest-algo",
+            digest,
             "--quick-gen-key",
             "fleetfix test CUDA repository <cuda-repo@fleetfix.invalid>",
-            "ed25519",
+            algorithm,
             "sign",
             "never",
         )
@@ -605,8 +621,12 @@ def _scan_packages(directory: Path) -> bytes:
     return _run(["dpkg-scanpackages", "--multiversion", ".", "/dev/null"], cwd=directory)
 
 
-def _cache_key(releases: Sequence[CudaRelease], distro: str, arch: str, real_13_0: bool) -> str:
-    blob = json.dumps([_CACHE_SCHEMA, [[r.version, r.release] for r in releases], distro, arch, real_13_0])
+def _cache_key(
+    releases: Sequence[CudaRelease], distro: str, arch: str, real_13_0: bool, key_binding: str
+) -> str:
+    blob = json.dumps(
+        [_CACHE_SCHEMA, [[r.version, r.release] for r in releases], distro, arch, real_13_0, key_binding]
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -621,8 +641,12 @@ def build_repo(
     distro: str = "debian12",
     arch: str = "x86_64",
     real_13_0: bool = False,
+    key_binding: str = "sha256",
 ) -> BuiltRepo:
     """Build (or reuse from ``workdir``) the signing key and the .deb pool.
+
+    ``key_binding="sha1"`` signs with a key bound the way NVIDIA's pre-debian13 key is, which apt 3
+    (sqv) rejects: the way to reproduce "SHA1 is not considered secure since 2026-02-01".
 
     The cache directory is ``workdir/aptrepo-<hash of the parameters>``; it is built under a temporary name
     and renamed into place, so an interrupted build is never reused.
@@ -631,13 +655,14 @@ def build_repo(
     if not re.fullmatch(r"[a-z]+[0-9]+", distro) or not re.fullmatch(r"[a-z0-9_]+", arch):
         raise AptRepoError(f"distro/arch must look like debian12/x86_64, got {distro!r}/{arch!r}")
     workdir.mkdir(parents=True, exist_ok=True)
-    cache_dir = workdir / f"aptrepo-{_cache_key(releases, distro, arch, real_13_0)}"
+    cache_dir = workdir / f"aptrepo-{_cache_key(releases, distro, arch, real_13_0, key_binding)}"
     manifest = cache_dir / "manifest.json"
     common: dict[str, Any] = {
         "distro": distro,
         "arch": arch,
         "cuda_releases": releases,
         "real_13_0": real_13_0,
+        "key_binding": key_binding,
     }
     if manifest.is_file():
         saved = json.loads(manifest.read_text())
@@ -653,7 +678,7 @@ def build_repo(
     deb_arch = _DEB_ARCH.get(arch, "amd64")
     staging = Path(tempfile.mkdtemp(prefix=".aptrepo-build-", dir=workdir))
     try:
-        fingerprint, public_key = _generate_key(staging / "gnupg")
+        fingerprint, public_key = _generate_key(staging / "gnupg", key_binding)
         (staging / "cuda-archive-keyring.gpg").write_bytes(public_key)
         pool = staging / "pool"
         pool.mkdir()
@@ -790,6 +815,7 @@ class AptRepo:
     fail_paths: set[str] = field(default_factory=set)
     broken: bool = False  # every request answers 404 (a dead mirror)
     requests: list[str] = field(default_factory=list)  # "GET /compute/..." in arrival order
+    trees: tuple[BuiltRepo, ...] = ()  # every distro/arch tree this server publishes (built first)
     _server: _RepoHTTPServer | None = field(default=None, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
 
@@ -837,6 +863,18 @@ class AptRepo:
     def keyring_deb_path(self) -> Path:
         return self.repo_dir / self.keyring_filename
 
+    def tree(self, distro: str, arch: str = "x86_64") -> AptRepo:
+        """The same server seen through another of its trees (``serve_repo(..., more=...)``): repo_url,
+        keyring and sources_line of that distro/arch. Stopping the view stops the server."""
+        for built in self.trees:
+            if (built.distro, built.arch) == (distro, arch):
+                view = AptRepo(built=built, root=self.root, host=self.host, port=self.port,
+                               keyring_base_url=self.keyring_base_url, trees=self.trees)
+                view.fail_paths, view.requests = self.fail_paths, self.requests
+                view._server, view._thread = self._server, self._thread
+                return view
+        raise AptRepoError(f"this server has no {distro}/{arch} tree")
+
     def deb_path(self, package: str) -> Path:
         return self.built.deb_path(package)
 
@@ -863,13 +901,22 @@ class AptRepo:
 
 
 def serve_repo(
-    built: BuiltRepo, *, host: str = "127.0.0.1", port: int = 0, keyring_base_url: str | None = None
+    built: BuiltRepo,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    keyring_base_url: str | None = None,
+    more: Sequence[BuiltRepo] = (),
 ) -> AptRepo:
-    """Publish ``built`` for a freshly bound loopback port and serve it from a background thread.
+    """Publish ``built`` (and the ``more`` trees, e.g. a debian13/x86_64 one, each with its own key and
+    keyring) for a freshly bound loopback port and serve it from a background thread.
 
     ``keyring_base_url`` is the BASE the served cuda-keyring's .list points at; by default this server's own
     ``base_url`` (pass another server's URL to play a mirror whose keyring names the upstream).
     """
+    trees = (built, *more)
+    if len({(tree.distro, tree.arch) for tree in trees}) != len(trees):
+        raise AptRepoError("two trees for the same distro/arch")
     try:
         loopback = ipaddress.IPv4Address(host) in ipaddress.IPv4Network("127.0.0.0/8")
     except ValueError:
@@ -880,9 +927,10 @@ def serve_repo(
     try:
         bound_port = int(server.server_address[1])
         root = Path(tempfile.mkdtemp(prefix=f"served-{bound_port}-", dir=built.cache_dir.parent))
-        repo = AptRepo(built=built, root=root, host=host, port=bound_port, keyring_base_url="")
+        repo = AptRepo(built=built, root=root, host=host, port=bound_port, keyring_base_url="", trees=trees)
         repo.keyring_base_url = keyring_base_url or repo.base_url
-        _publish(built, root, repo.keyring_base_url)
+        for tree in trees:
+            _publish(tree, root, repo.keyring_base_url)
     except BaseException:
         server.server_close()
         raise

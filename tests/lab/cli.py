@@ -195,7 +195,8 @@ def build_lab(root: Path, *, healthy: bool = True, real_torch: bool = False) -> 
     try:
         for ct in running.containers:
             setup = setups[ct.scenario]
-            lab.add_container("pve1", ct.ctid, name=ct.name, tags=ct.tags, setup=setup)
+            share = (str(venv_path()),) if ct.scenario == "real-torch" else ()
+            lab.add_container("pve1", ct.ctid, name=ct.name, tags=ct.tags, setup=setup, share=share)
         write_inventory(running.inventory, lab, repo, running.containers)
     except BaseException:
         running.close()

@@ -4,16 +4,21 @@ A container is a directory ``<node_dir>/ct/<ID>/`` holding ``upper/`` and ``work
 layer and scratch dir) and ``rootfs/`` (the mount point, used only inside the container's own mount
 namespace), plus a config file ``<node_dir>/lxc/<ID>.conf`` in the format of ``/etc/pve/lxc/<ID>.conf``.
 
-Starting a container runs a small sh "init" inside ``unshare --mount --pid --uts --ipc --fork``: it mounts
-the overlay (lowerdir=/), /proc, /sys (read-only), a minimal /dev and a /run tmpfs, sets the hostname, then
-chroots into the overlay and idles as PID 1, reaping orphans. Because every mount lives in the container's
-private mount namespace, killing PID 1 tears the whole container down (the kernel kills everything in the
-PID namespace and drops the mounts): no mount ever leaks into this machine's namespace. Writes land in
-``upper/`` only; the host's files are never touched.
+Starting a container runs a small sh "init" inside ``unshare --mount --pid --uts --ipc --fork``: it mounts the
+overlay (lowerdir=/, or a template's root filesystem), /proc, /sys (read-only), a minimal /dev and a /run
+tmpfs, sets the hostname, then chroots into the overlay and idles as PID 1, reaping orphans. Because every
+mount lives in the container's private mount namespace, killing PID 1 tears the whole container down (the
+kernel kills everything in the PID namespace and drops the mounts): no mount ever leaks into this machine's
+namespace. Writes land in ``upper/`` only; the host's files are never touched.
 
 The container is made hermetic at creation by seeding ``upper/`` (whiteouts = char devices 0:0, opaque
 directories = the ``trusted.overlay.opaque`` xattr): no apt sources, no apt lists, no NVIDIA keyring/pin, no
 ``/usr/local/cuda*``, a fresh /root and /tmp, and none of this machine's non-Debian top-level directories.
+
+A container made from a template (``create_container(..., template=ROOTFS)``, e.g. the Debian 13 tree of
+``tests/lab/template.py``) uses that directory as its lower layer instead of this machine's /; the template
+is hermetic already, so its upper dir starts with only the hostname. The template's path is kept in
+``<ct dir>/lower``.
 
 This module is imported both by the test suite (``tests.lab.container``) and by the ``pct`` stand-in, which
 runs it with the node's ``/usr/bin/python3`` (Debian's 3.11): standard library only.
@@ -58,6 +63,9 @@ _HIDDEN_GLOBS = (
     "usr/share/keyrings/*nvidia*",
     "var/cache/apt/*.bin",
     "etc/alternatives/cuda*",
+    # The real-torch venv (realtorch.py) is a torch env under /opt: the probe's interpreter discovery
+    # would report it in every container. Only containers created with share=(its path,) see it.
+    "opt/fleetfix-torch-*",
 )
 # Directories replaced by empty opaque ones (so the host's contents disappear).
 # dist-packages too: pip installs of this machine's Debian python must not leak into containers.
@@ -66,11 +74,12 @@ _OPAQUE_DIRS = (
 )
 
 # The container's init, run as PID 1 of the new PID namespace by `unshare --fork`.
-# $1 upper, $2 work, $3 mount point, $4 hostname. Prints "ready <host pid>" once the mounts are up.
+# $1 upper, $2 work, $3 mount point, $4 hostname, $5 lower dir. Prints "ready <host pid>" once the mounts
+# are up.
 _INIT_SCRIPT = r"""
 set -e
-U=$1 W=$2 M=$3 NAME=$4
-mount -t overlay overlay -o "lowerdir=/,upperdir=$U,workdir=$W" "$M"
+U=$1 W=$2 M=$3 NAME=$4 L=$5
+mount -t overlay overlay -o "lowerdir=$L,upperdir=$U,workdir=$W" "$M"
 mount -t proc -o nosuid,nodev,noexec proc "$M/proc"
 mount -t sysfs -o ro,nosuid,nodev,noexec sysfs "$M/sys"
 mount -t tmpfs -o mode=755,size=16m,nosuid tmpfs "$M/dev"
@@ -212,6 +221,14 @@ class Container:
         return self.node.conf_path(self.ctid)
 
     @property
+    def lower_dir(self) -> Path:
+        """The overlay's read-only layer: a template's root filesystem, or this machine's /."""
+        try:
+            return Path((self.dir / "lower").read_text().strip())
+        except FileNotFoundError:
+            return Path("/")
+
+    @property
     def _run_file(self) -> Path:
         return self.dir / "run.json"
 
@@ -290,6 +307,7 @@ class Container:
             str(self.work_dir),
             str(self.mount_point),
             self.name,
+            str(self.lower_dir),
         ]
         deadline = time.monotonic() + timeout
         while True:
@@ -514,14 +532,26 @@ class NodeState:
         hostname: str | None = None,
         tags: tuple[str, ...] = (),
         extra_config: dict[str, str] | None = None,
+        template: Path | None = None,
+        share: tuple[str, ...] = (),
     ) -> Container:
+        """A stopped container; `template` is a root filesystem to use instead of this machine's /;
+        `share` names host paths normally hidden (the real-torch venv) that this container sees."""
         ct = Container(self, ctid)
         if ct.exists():
             raise ContainerError(f"CT {ctid} already exists on node '{self.name}'")
         hostname = hostname or f"ct{ctid}"
         shutil.rmtree(ct.dir, ignore_errors=True)
         ct.dir.mkdir(parents=True)
-        seed_hermetic_upper(ct.upper_dir, hostname)
+        if template is None:
+            seed_hermetic_upper(ct.upper_dir, hostname, share=share)
+        else:
+            if not any((template / path).exists() for path in ("etc/os-release", "usr/lib/os-release")):
+                raise ContainerError(f"{template} is not a root filesystem (no os-release)")
+            (ct.dir / "lower").write_text(f"{template}\n")
+            ct.upper_dir.mkdir()
+            (ct.upper_dir / "etc").mkdir()
+            (ct.upper_dir / "etc/hostname").write_text(f"{hostname}\n")
         main = {
             "arch": "amd64",
             "cores": "2",
@@ -576,15 +606,18 @@ def _opaque_dir(upper: Path, relative: str) -> Path:
     return path
 
 
-def seed_hermetic_upper(upper: Path, hostname: str) -> None:
-    """Lay out the upper dir so the container starts clean (see the module docstring)."""
+def seed_hermetic_upper(upper: Path, hostname: str, *, share: tuple[str, ...] = ()) -> None:
+    """Lay out the upper dir so the container starts clean (see the module docstring); host paths in
+    `share` stay visible."""
+    shared = {path.rstrip("/") for path in share}
     upper.mkdir(parents=True, exist_ok=True)
     for entry in os.listdir("/"):
         if entry not in _ROOTFS_TOP:
             _whiteout(upper, entry)
     for pattern in _HIDDEN_GLOBS:
         for host_path in glob.glob("/" + pattern):
-            _whiteout(upper, host_path[1:])
+            if host_path not in shared:
+                _whiteout(upper, host_path[1:])
     for relative in _OPAQUE_DIRS:
         _opaque_dir(upper, relative)
     (upper / "tmp").chmod(0o1777)

@@ -115,13 +115,13 @@ def sh(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_defaults_come_from_the_facts(facts: dict[str, Any]) -> None:
     found = plan(BUILD, facts).plays[0].vars
     assert found["python"] == "/usr/bin/python3" and found["cuda_xy"] == "12.8"
-    assert found["max_jobs"] == "4"          # 8 cpus, 16 GiB: one job per 4 GiB
+    assert found["max_jobs"] == "3"          # 8 cpus, 16 GiB: one job per 5 GiB (docs/extensions.md)
     assert found["cuda_arch_list"] == "8.9"  # the L40S
     assert plan_lines(facts) == [["causal-conv1d", "causal_conv1d_cuda causal_conv1d",
                                   "CAUSAL_CONV1D_FORCE_BUILD=TRUE"]]
 
 
-@pytest.mark.parametrize(("cpus", "mem_mb", "jobs"), [(2, 2048, "1"), (2, 65536, "2"), (64, 32768, "8"),
+@pytest.mark.parametrize(("cpus", "mem_mb", "jobs"), [(2, 2048, "1"), (2, 65536, "2"), (64, 32768, "6"),
                                                       (None, None, "1")])
 def test_max_jobs_is_bounded_by_cores_and_memory(facts: dict[str, Any], cpus: int | None, mem_mb: int | None,
                                                  jobs: str) -> None:
@@ -136,7 +136,7 @@ def test_extension_entries_from_the_command_line(facts: dict[str, Any]) -> None:
     assert lines == [
         ["causal_conv1d==1.7.0", "causal_conv1d_cuda causal_conv1d", "CAUSAL_CONV1D_FORCE_BUILD=TRUE"],
         ["flash-attn", "flash_attn_2_cuda flash_attn",
-         "FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=80;90"],
+         "FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTN_CUDA_ARCHS=80;90 MAX_JOBS=1"],
         ["mamba-ssm", "selective_scan_cuda mamba_ssm", "MAMBA_FORCE_BUILD=TRUE MAMBA_KEEP_CUDA_BUILD=TRUE"],
         ["/src/tiny", "tiny_cuda tiny", ""],
     ]
@@ -197,7 +197,7 @@ def test_build_sets_cuda_home_jobs_arch_and_switches(facts: dict[str, Any], fake
     state = fake_python.parent.parent / "state"
     env = dict(line.split("=", 1) for line in (state / "pip-env").read_text().splitlines() if "=" in line)
     assert env["CUDA_HOME"] == str(home) and env["PATH"].startswith(f"{home}/bin:{fake_python.parent}:")
-    assert env["MAX_JOBS"] == "4" and env["TORCH_CUDA_ARCH_LIST"] == "8.9"
+    assert env["MAX_JOBS"] == "3" and env["TORCH_CUDA_ARCH_LIST"] == "8.9"
     assert env["CAUSAL_CONV1D_FORCE_BUILD"] == "TRUE"
     argv = (state / "pip-args").read_text().split()
     assert argv[:3] == ["-m", "pip", "install"]
@@ -290,3 +290,18 @@ def test_cuda_home_farm_from_the_wheel_layout(facts: dict[str, Any], tmp_path: P
     assert found.returncode == 0 and f"nvcc {version}:" in found.stdout
     # Re-assembling replaces the farm in place (idempotent apply).
     assert sh(farm.apply, tmp_path).returncode == 0 and sh(farm.check, tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(("caps", "tokens"), [
+    (["8.6"], "80"), (["8.9", "9.0"], "80;90"), (["10.3"], "100"), (["12.1", "12.0"], "120"),
+    (["7.5"], None),   # flash-attn 2 has no sm_75 build: no token, so its own default applies
+])
+def test_flash_attn_gets_the_family_tokens_its_setup_py_knows(
+    facts: dict[str, Any], caps: list[str], tokens: str | None
+) -> None:
+    facts["gpu"]["compute_caps"] = caps
+    facts["build"].update(cpus=64, mem_total_mb=65536)
+    [[_, _, words]] = plan_lines(facts, extensions="flash-attn")
+    found = dict(word.split("=", 1) for word in words.split())
+    assert found.get("FLASH_ATTN_CUDA_ARCHS") == tokens
+    assert found["MAX_JOBS"] == "3"   # 64 GiB at 20 GiB per job (its setup.py's 5 GB x 4 nvcc threads)

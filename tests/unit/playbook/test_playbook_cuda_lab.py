@@ -99,7 +99,7 @@ def test_fixes_a_container_idempotently_and_check_mode_changes_nothing(
     checked = apply(targets[:1], transports, check=True)
     assert tree_digest(good.upper_dir) == before
     assert checked.targets[0].status == "would-change"
-    assert [s.status for s in checked.targets[0].steps] == ["ok", "ok"] + ["would-change"] * 6
+    assert [s.status for s in checked.targets[0].steps] == ["ok", "ok", "ok"] + ["would-change"] * 6
 
     with RunRecorder(tmp_path / "state") as recorder:
         first = apply(targets, transports, check=False, recorder=recorder)
@@ -109,9 +109,11 @@ def test_fixes_a_container_idempotently_and_check_mode_changes_nothing(
     assert fixed.counts()["changed"] == 5
     assert "release 12.8" in fixed.steps[-1].reason
     assert good.sh("test ! -e /etc/apt/sources.list.d/cuda.list", check=False).returncode == 0
+    # A dead mirror is found before anything changes: the repository's index cannot be read.
     assert failed.status == "failed"
-    assert failed.steps[-1].name == "cuda-keyring installed"
-    assert "download failed" in failed.steps[-1].stderr
+    assert failed.steps[-1].name == "NVIDIA apt repository serves this CUDA"
+    assert "cannot read " + DEAD_MIRROR in failed.steps[-1].stderr
+    assert failed.counts()["changed"] == 0
     record = load_run(tmp_path / "state", recorder.run_id)
     assert record.summary.status == "failed"
     assert any("apt-get" in script.script for step in record.targets["pve1/101"].steps

@@ -72,18 +72,31 @@ def test_cuda_toolkit_refuses_unsupported_distro_and_missing_torch(facts: dict[s
     plan = cuda_plan(facts)
     first = plan.plays[0].steps[0].rendered
     done = subprocess.run(["/bin/sh", "-s"], input=first.check, text=True, capture_output=True, check=False)
-    assert done.returncode == 1
-    assert "NVIDIA publishes no CUDA apt repository for alpine 3.20 on x86_64" in done.stderr
+    assert done.returncode == 1 and "pass --var cuda_version=X.Y" in done.stderr
     second = plan.plays[0].steps[1].rendered
     done = subprocess.run(["/bin/sh", "-s"], input=second.check, text=True, capture_output=True, check=False)
-    assert done.returncode == 1 and "pass --var cuda_version=X.Y" in done.stderr
+    assert done.returncode == 1
+    assert "NVIDIA publishes no CUDA apt repository for alpine 3.20 on x86_64" in done.stderr
+    assert "playbooks/cuda-toolkit-pip.yaml" in done.stderr
+
+
+def test_cuda_toolkit_without_apt_names_the_routes_that_work(facts: dict[str, Any]) -> None:
+    facts["os"].update(id="rocky", version_id="9.4", nvidia_distro=None, nvidia_arch="x86_64")
+    facts["apt"]["present"] = False
+    repo_step = cuda_plan(facts).plays[0].steps[1].rendered
+    done = subprocess.run(["/bin/sh", "-s"], input=repo_step.check, text=True, capture_output=True,
+                          check=False)
+    assert done.returncode == 1
+    assert "no apt-get on this target: rocky 9.4" in done.stderr
+    assert "cuda-toolkit-pip.yaml" in done.stderr and "dnf" in done.stderr
 
 
 def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None:
     # Only the check scripts are scripted: every check reports "not there", except the two assertions.
     fake = FakeTransport()
     fake.on("grep -Eq '^[0-9]+", stdout="CUDA 12.8\n")  # cuda version known
-    fake.on("echo NVIDIA CUDA repository", stdout="NVIDIA CUDA repository debian12/x86_64\n")
+    fake.on("Packages.gz", stdout="cuda-nvcc-12-8 is in .../debian12/x86_64/Packages.gz\n")
+    fake.on("dpkg state is clean", stdout="dpkg state is clean\n")
     fake.on("found=", rc=1,
             stdout="NVIDIA source entries besides the keyring's own: /etc/apt/sources.list.d/cuda.list\n")
     fake.on("status=$(dpkg-query", rc=1, stdout="cuda-keyring is not installed\n")
@@ -92,7 +105,7 @@ def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None
     fake.on("missing=", rc=1, stdout="not installed: cuda-nvcc-12-8\n")
     fake.on("--version", rc=1, stderr="/usr/local/cuda-12.8/bin/nvcc --version failed\n")
     run = run_target(cuda_plan(facts), fake, check=True)
-    assert [s.status for s in run.steps] == ["ok", "ok"] + ["would-change"] * 6
+    assert [s.status for s in run.steps] == ["ok", "ok", "ok"] + ["would-change"] * 6
     assert run.status == "would-change"
     assert not any("apt-get" in text and "install -y" in text for text in fake.scripts)
     assert not any("dpkg -i" in text or "apt-get -o DPkg::Lock::Timeout=600 update" in text

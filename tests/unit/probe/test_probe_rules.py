@@ -13,6 +13,7 @@ from fleetfix.probe import Finding, NodeFacts, Severity, diagnose
 from fleetfix.probe.rules import (
     BUILD_EXTENSIONS_PLAYBOOK,
     CODES,
+    CUDA_TOOLKIT_PIP_PLAYBOOK,
     CUDA_TOOLKIT_PLAYBOOK,
     DISK_ERROR_MB,
     DISK_WARNING_MB,
@@ -164,6 +165,9 @@ CASES: dict[str, Case] = {
                                                      "version": "550.135"}])),
         Severity.WARNING, evidence=("full_feature_driver", "570.26")),
     "GPU_NOT_VISIBLE": Case("healthy", set_in("gpu.devices", []), Severity.INFO),
+    "GPU_PASSTHROUGH_PARTIAL": Case(
+        "healthy", set_in("gpu.devices", ["/dev/nvidia0", "/dev/nvidiactl"]), Severity.ERROR,
+        evidence=("missing", ["/dev/nvidia-uvm"])),
     "CUDA_RUNTIME_WITHOUT_TOOLKIT": Case(
         "problem_case", NO_EDIT, Severity.ERROR, evidence=("torch_cuda", "12.8")),
     "CUDA_TOOLKIT_MAJOR_MISMATCH": Case(
@@ -172,6 +176,11 @@ CASES: dict[str, Case] = {
     "CUDA_TOOLKIT_MINOR_MISMATCH": Case(
         "healthy", set_in("cuda.toolkits", [toolkit("12.9", "86")]), Severity.WARNING,
         evidence=("nvcc_versions", ["12.9"])),
+    "TORCH_WHEEL_LACKS_ARCH": Case(
+        "healthy", chain(set_in("pythons.0.torch.arch_list", ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
+                                                               "sm_120"]),
+                         set_in("gpu.names", ["Tesla V100-SXM2-32GB"]), set_in("gpu.compute_caps", ["7.0"])),
+        Severity.ERROR, evidence=("confirmed_by_deep", False)),
     "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT": Case(
         "healthy", chain(set_in("pythons.0.torch.cuda", "12.4"),
                          set_in("pythons.0.torch.version", "2.5.1+cu124"),
@@ -183,6 +192,11 @@ CASES: dict[str, Case] = {
         "healthy", chain(set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
                          set_in("cuda.default_link", "/usr/local/cuda-13.0")),
         Severity.WARNING, evidence=("linked_version", "13.0")),
+    "BUILD_PICKS_OTHER_NVCC": Case(
+        "healthy", chain(set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("12.4", "131")]),
+                         set_in("cuda.env_cuda_home", "/usr/local/cuda-12.4"),
+                         set_in("cuda.env_cuda_home_file", "/etc/environment")),
+        Severity.WARNING, evidence=("set_in", "/etc/environment")),
     "DISTRO_NVCC_ON_PATH": Case(
         "healthy",
         set_in("cuda.distro_nvcc", {"path": "/usr/bin/nvcc", "version": "12.0", "release": "V12.0.140"}),
@@ -201,6 +215,13 @@ CASES: dict[str, Case] = {
         evidence=("nvidia_distro", None)),
     "NVIDIA_REPO_NOT_CONFIGURED": Case(
         "problem_case", NO_EDIT, Severity.ERROR, evidence=("nvidia_distro", "debian12")),
+    "NVIDIA_REPO_LACKS_CUDA": Case(
+        "debian13_cu128_problem", NO_EDIT, Severity.ERROR, evidence=("nvidia_distro", "debian13")),
+    "RPM_DISTRO_TOOLKIT": Case(
+        "problem_case", chain(set_in("os.id", "rocky"), set_in("os.version_id", "9.4"),
+                              set_in("os.id_like", "rhel centos fedora"), set_in("apt.present", False),
+                              set_in("dpkg.present", False)),
+        Severity.ERROR, evidence=("nvidia_rpm_distro", "rhel9")),
     "APT_SIGNED_BY_CONFLICT": Case(
         "healthy", set_in("apt.nvidia_sources", [
             nvidia_list("/etc/apt/sources.list.d/cuda-debian12-x86_64.list", f"{NVIDIA}/debian12/x86_64/",
@@ -230,6 +251,20 @@ CASES: dict[str, Case] = {
         Severity.WARNING),
     "APT_SHA1_KEY_REJECTED": Case(
         "debian13_sqv", NO_EDIT, Severity.ERROR, evidence=("repos", ["debian12"])),
+    "HOST_COMPILER_TOO_NEW": Case(
+        "debian13_cu130_problem", set_in("pythons.0.torch.cuda", "12.6"),   # the template's real gcc 14
+        Severity.ERROR, evidence=("newest_gcc", 13)),
+    "PYTHON_HEADERS_MISSING": Case(
+        "debian13_cu130_problem", NO_EDIT, Severity.ERROR, evidence=("python_version", "3.13.5")),
+    "BUILD_TOOLS_MISSING": Case(
+        "problem_case", set_in("build.ninja", False), Severity.WARNING, evidence=("ninja", False)),
+    "BUILD_MEMORY_LOW": Case(
+        "problem_case", set_in("build.mem_available_mb", 3000), Severity.WARNING,
+        evidence=("mem_per_job_mb", 5120)),
+    "TMP_ON_TMPFS": Case(
+        "problem_case",
+        chain(set_in("build.tmp_fstype", "tmpfs"), set_in("build.tmp_free_mb", {"/tmp": 512})),
+        Severity.WARNING, evidence=("tmp_free_mb", 512)),
     "EXTENSION_NOT_BUILT": Case(
         "healthy", set_in("pythons.0.extensions.causal_conv1d",
                           ext(True, compiled=False, module="causal_conv1d_cuda")),
@@ -248,6 +283,12 @@ CASES: dict[str, Case] = {
                                                   "executable": "/usr/bin/python",
                                                   "error": "interpreter ran but printed no probe result"}),
         Severity.WARNING),
+    "TORCH_IN_UNINSPECTED_ENV": Case(
+        "local_debian12_nvcc13", set_in("discovered_pythons", [{
+            "path": "/opt/train/venv/bin/python3", "source": "venv", "prefix": "/opt/train/venv",
+            "inspected": False, "torch": {"version": "2.11.0+cu128", "cuda": "12.8",
+                                          "path": "/opt/train/venv/lib/python3.11/site-packages/torch"}}]),
+        Severity.WARNING, evidence=("prefix", "/opt/train/venv")),
     "TORCH_NOT_FOUND": Case("local_debian12_nvcc13", NO_EDIT, Severity.INFO),
     "TORCH_CPU_ONLY": Case(
         "healthy",
@@ -272,7 +313,8 @@ def test_rule_fires(code: str) -> None:
         key, value = case.evidence
         assert finding.evidence[key] == value
     if finding.fix.playbook:
-        assert finding.fix.playbook in (CUDA_TOOLKIT_PLAYBOOK, BUILD_EXTENSIONS_PLAYBOOK)
+        assert finding.fix.playbook in (CUDA_TOOLKIT_PLAYBOOK, CUDA_TOOLKIT_PIP_PLAYBOOK,
+                                        BUILD_EXTENSIONS_PLAYBOOK)
 
 
 @pytest.mark.parametrize("code", [c for c, case in CASES.items() if case.fixture == "healthy"])
@@ -397,3 +439,201 @@ def test_an_nvcc_that_prints_no_version_is_no_toolkit() -> None:
     findings = diagnose(edited("problem_case", dangling_wrapper))
     assert problems(findings) == [
         "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "EXTENSION_MISSING"]
+
+
+# ---------------------------------------------------------------- issue 17: today's fleets
+
+
+def test_debian13_seed_problem_is_fixed_from_the_debian13_repo() -> None:
+    # Recorded on the test bed's Debian 13 template: apt 3.0.4 with sqv, no apt-key, gcc 14.
+    # The template has python3 without python3-dev, and no ninja: both real, both found.
+    findings = diagnose(facts_of(load_fixture("debian13_cu130_problem")))
+    assert problems(findings) == [
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED", "PYTHON_HEADERS_MISSING",
+        "BUILD_TOOLS_MISSING", "EXTENSION_MISSING"]
+    runtime, repo = findings[1], findings[2]   # after GPU_NOT_VISIBLE (no GPU on the test bed)
+    assert (runtime.fix.playbook, runtime.fix.vars) == (CUDA_TOOLKIT_PLAYBOOK, {"cuda_version": "13.0"})
+    assert "debian13/x86_64" in repo.fix.hint
+
+
+def test_debian13_with_a_cuda_12_torch_is_routed_to_the_pip_toolkit() -> None:
+    findings = diagnose(facts_of(load_fixture("debian13_cu128_problem")))
+    assert problems(findings) == [
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA", "PYTHON_HEADERS_MISSING",
+        "BUILD_TOOLS_MISSING", "EXTENSION_MISSING"]
+    pip = (CUDA_TOOLKIT_PIP_PLAYBOOK, {"cuda_version": "12.8", "python": "python3"})
+    for code in ("CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA"):
+        fix = only(findings, code).fix
+        assert (fix.playbook, fix.vars) == pip
+    assert "starts at CUDA 13.0" in only(findings, "NVIDIA_REPO_LACKS_CUDA").evidence["why"]
+
+
+def test_apts_own_index_decides_when_the_repository_is_configured() -> None:
+    def configured(nvcc: list[str]) -> Edit:
+        return chain(set_in("apt.nvidia_sources", [nvidia_list(
+            "/etc/apt/sources.list.d/cuda-debian12-x86_64.list", f"{NVIDIA}/debian12/x86_64/", KEYRING_SB)]),
+            set_in("apt.nvidia_index", {"files": 1, "nvcc": nvcc}))
+    lacking = diagnose(edited("problem_case", configured(["12-4", "12-6"])))
+    assert only(lacking, "NVIDIA_REPO_LACKS_CUDA").evidence["index_nvcc"] == ["12-4", "12-6"]
+    carried = diagnose(edited("problem_case", configured(["12-8"])))
+    assert "NVIDIA_REPO_LACKS_CUDA" not in [f.code for f in carried]
+    assert only(carried, "CUDA_RUNTIME_WITHOUT_TOOLKIT").fix.playbook == CUDA_TOOLKIT_PLAYBOOK
+
+
+def test_sqv_with_a_sha1_keyed_repo_routes_to_pip_and_says_why() -> None:
+    findings = diagnose(edited("problem_case", chain(
+        set_in("os.id", "ubuntu"), set_in("os.version_id", "24.04"), set_in("apt.version", "3.0.0"))))
+    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
+    assert "NVIDIA_REPO_NOT_CONFIGURED" not in [f.code for f in findings]
+    assert only(findings, "APT_SHA1_KEY_REJECTED").evidence["repos"] == ["ubuntu2404"]
+
+
+def test_rhel_family_gets_a_route_not_use_debian() -> None:
+    finding = only(diagnose(edited("problem_case", CASES["RPM_DISTRO_TOOLKIT"].edit)), "RPM_DISTRO_TOOLKIT")
+    assert finding.fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
+    assert "repos/rhel9/x86_64/cuda-rhel9.repo" in finding.fix.hint
+    assert "cuda-cudart-devel-12-8" in finding.fix.hint
+    codes = [f.code for f in diagnose(edited("problem_case", CASES["RPM_DISTRO_TOOLKIT"].edit))]
+    assert "UNSUPPORTED_DISTRO" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" not in codes
+
+
+def test_arm64_maps_to_sbsa_repo() -> None:
+    findings = diagnose(edited("problem_case", set_in("os.machine", "aarch64")))
+    assert "debian12/sbsa" in only(findings, "NVIDIA_REPO_NOT_CONFIGURED").fix.hint
+
+
+def blackwell(cap: str, torch_cuda: str, nvcc: str) -> Edit:
+    return chain(set_in("pythons.0.torch.cuda", torch_cuda), set_in("cuda.toolkits", [toolkit(nvcc)]),
+                 set_in("cuda.default_link", f"/usr/local/cuda-{nvcc}"),
+                 set_in("gpu.driver_version", "580.95.05"), set_in("gpu.driver_libs", []),
+                 set_in("gpu.compute_caps", [cap]))
+
+
+@pytest.mark.parametrize(("cap", "torch_cuda", "nvcc"), [
+    ("10.3", "12.8", "12.8"),   # B300: sm_100 code runs on 10.3 (was a false ERROR)
+    ("12.1", "12.8", "12.8"),   # GB10: sm_120 code runs on 12.1
+    ("10.3", "12.9", "12.9"),   # 12.9 added sm_103 itself
+    ("11.0", "13.0", "13.0"),   # Thor: sm_110 since 13.0
+])
+def test_blackwell_family_compatibility_is_no_error(cap: str, torch_cuda: str, nvcc: str) -> None:
+    findings = diagnose(edited("healthy", blackwell(cap, torch_cuda, nvcc)))
+    assert "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT" not in [f.code for f in findings]
+
+
+def test_the_nvcc_a_build_would_use_decides_not_torchs_cuda() -> None:
+    # torch cu128 on an RTX 5090 and the right 12.8 toolkit installed, but nvcc on PATH is an old 12.4:
+    # a plain `pip install` builds with 12.4, which cannot target sm_120.
+    def old_nvcc_on_path(data: dict[str, Any]) -> None:
+        data["cuda"]["toolkits"] = [toolkit("12.8", "93"), toolkit("12.4", "131")]
+        data["cuda"]["nvcc_on_path"] = {"path": "/usr/local/cuda-12.4/bin/nvcc", "version": "12.4",
+                                        "release": "V12.4.131"}
+        data["gpu"]["compute_caps"] = ["12.0"]
+    finding = only(diagnose(edited("healthy", old_nvcc_on_path)), "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT")
+    assert (finding.evidence["nvcc_version"], finding.evidence["nvcc_source"]) == ("12.4", "nvcc on PATH")
+    assert "CUDA_HOME=/usr/local/cuda-12.8" in finding.fix.hint
+
+    def cuda_home_in_environment(data: dict[str, Any]) -> None:
+        data["cuda"]["toolkits"] = [toolkit("12.8", "93"), toolkit("12.4", "131")]
+        data["cuda"]["env_cuda_home"] = "/usr/local/cuda-12.4"
+        data["gpu"]["compute_caps"] = ["12.0"]
+    finding = only(diagnose(edited("healthy", cuda_home_in_environment)), "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT")
+    assert finding.evidence["nvcc_source"] == "CUDA_HOME"
+
+
+def test_thor_needs_cuda_13() -> None:
+    finding = only(diagnose(edited("healthy", blackwell("11.0", "12.8", "12.8"))),
+                   "GPU_ARCH_UNSUPPORTED_BY_TOOLKIT")
+    assert finding.evidence["minimum_nvcc"] == "13.0"
+
+
+def test_driver_versions_are_printed_as_nvidia_writes_them() -> None:
+    finding = only(diagnose(edited("toolkit_13_vs_cu128", chain(
+        set_in("pythons.0.torch.cuda", "13.0"), set_in("gpu.driver_version", "580.0"),
+        set_in("gpu.driver_libs", [])))), "DRIVER_BELOW_FULL_FEATURE")
+    assert finding.evidence["full_feature_driver"] == "580.65.06"
+    assert "580.65.06" in finding.summary and "580.65.6" not in finding.summary
+
+
+def test_no_apt_key_advice_where_apt_has_none() -> None:
+    def old_key(data: dict[str, Any]) -> None:
+        data["apt"]["nvidia_keys"].append({"key": "7fa2af80", "file": "/etc/apt/trusted.gpg"})
+    trixie = only(diagnose(edited("debian13_cu130_problem", old_key)), "APT_OLD_NVIDIA_KEY")
+    assert "apt-key del" not in trixie.fix.hint and "/etc/apt/trusted.gpg" in trixie.fix.hint
+    bookworm = only(diagnose(edited("problem_case", old_key)), "APT_OLD_NVIDIA_KEY")
+    assert "apt-key del 7fa2af80" in bookworm.fix.hint
+
+
+def test_mamba_ssm_without_selective_scan_cuda_is_a_complete_install() -> None:
+    facts = edited("healthy", set_in("pythons.0.extensions.mamba_ssm",
+                                     ext(True, compiled=False, module="selective_scan_cuda")))
+    assert "EXTENSION_NOT_BUILT" not in [f.code for f in diagnose(facts)]
+
+
+def test_build_host_rules_judge_only_targets_with_a_build_to_do() -> None:
+    # The same shortcomings on a healthy target (nothing to build) are not findings.
+    quiet = diagnose(edited("healthy", chain(
+        set_in("build.ninja", False), set_in("build.mem_available_mb", 1000),
+        set_in("build.tmp_fstype", "tmpfs"), set_in("build.tmp_free_mb", {"/tmp": 100}))))
+    assert quiet == []
+
+
+def test_gcc_14_is_fine_for_cuda_13_and_too_new_for_12_6() -> None:
+    trixie = diagnose(facts_of(load_fixture("debian13_cu130_problem")))
+    assert "HOST_COMPILER_TOO_NEW" not in [f.code for f in trixie]
+    finding = only(diagnose(edited("debian13_cu130_problem", set_in("pythons.0.torch.cuda", "12.6"))),
+                   "HOST_COMPILER_TOO_NEW")
+    assert finding.evidence["gxx_version"] == "14.2.0" and "g++-13" in finding.fix.hint
+
+
+def test_a_bare_pip_nvcc_wheel_is_no_toolkit_but_a_complete_one_is() -> None:
+    bare = {"path": "/opt/jax/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin/nvcc", "version": "12.8",
+            "release": "V12.8.93", "complete": False}
+    findings = diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [bare])))
+    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").evidence["torch_cuda"] == "12.8"
+    complete = {**bare, "complete": True}
+    codes = [f.code for f in diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [complete])))]
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes
+
+
+def test_conda_nvcc_counts_as_a_toolkit() -> None:
+    conda = {"path": "/opt/conda/envs/train/bin/nvcc", "version": "12.8", "release": "V12.8.93"}
+    codes = [f.code for f in diagnose(edited("problem_case", set_in("pythons.0.conda_nvcc", conda)))]
+    assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes
+
+
+def test_nvcc_on_path_of_another_major_is_an_error() -> None:
+    finding = only(diagnose(edited("healthy", chain(
+        set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
+        set_in("cuda.nvcc_on_path", {"path": "/usr/local/cuda-13.0/bin/nvcc", "version": "13.0",
+                                     "release": "V13.0.88"})))), "BUILD_PICKS_OTHER_NVCC")
+    assert finding.severity is Severity.ERROR and finding.evidence["set_in"] == "PATH"
+
+
+def test_a_discovered_env_the_probe_inspected_is_no_finding() -> None:
+    inspected = {"path": "/usr/bin/python3.11", "source": "process", "prefix": "/usr", "inspected": False,
+                 "torch": {"version": "2.11.0+cu128", "cuda": "12.8", "path": None}}
+    findings = diagnose(edited("healthy", set_in("discovered_pythons", [inspected])))
+    assert findings == []   # its prefix (/usr) is python3's own
+
+
+@pytest.mark.parametrize(("arch_list", "cap", "runs"), [
+    (["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "8.9", True),   # cu128 on an L40S
+    (["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "10.3", True),  # B300: sm_100
+    (["sm_70", "sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"], "6.1", False),  # cu128 on a P40
+    (["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"], "6.1", True),     # cu126 on a P40
+    (["sm_80", "sm_90", "compute_90"], "12.0", True),                                   # PTX JIT forward
+    (["sm_90a"], "9.0", True), (["sm_90a"], "10.0", False),                             # `a`: exact only
+])
+def test_wheel_arch_coverage(arch_list: list[str], cap: str, runs: bool) -> None:
+    findings = diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.arch_list", arch_list), set_in("gpu.compute_caps", [cap]))))
+    assert ("TORCH_WHEEL_LACKS_ARCH" in [f.code for f in findings]) is not runs
+
+
+def test_deep_arch_list_confirms() -> None:
+    deep = {"cuda_available": True, "device_count": 1, "capabilities": ["6.0"],
+            "arch_list": ["sm_75", "sm_80"], "error": None}
+    finding = only(diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.arch_list", None), set_in("gpu.compute_caps", ["6.0"]),
+        set_in("pythons.0.deep", deep)))), "TORCH_WHEEL_LACKS_ARCH")
+    assert finding.evidence["confirmed_by_deep"] is True

@@ -391,3 +391,91 @@ def test_node_without_driver(fakeroot: Path, fakebin: FakeBin) -> None:
 def test_node_output_must_be_ours() -> None:
     with pytest.raises(ProbeOutputError, match="header"):
         parse_node_facts("Welcome to Proxmox!\nhostname\tpve1\n")
+
+
+def test_cuda_home_for_logins_and_apts_own_index_of_nvidia_repos(fakeroot: Path, fakebin: FakeBin) -> None:
+    write(fakeroot, "etc/environment", 'LANG=C.UTF-8\nCUDA_HOME="/usr/local/cuda-12.4"\n')
+    write(fakeroot, "etc/profile.d/cuda.sh", "export PATH=/usr/local/cuda/bin:$PATH\n")
+    lists = "var/lib/apt/lists/developer.download.nvidia.com_compute_cuda_repos_debian12_x86_64_Packages"
+    write(fakeroot, lists, "Package: cuda-nvcc-12-4\nVersion: 12.4.131-1\n\nPackage: cuda-nvcc-12-8\n"
+                           "Version: 12.8.93-1\n\nPackage: cuda-nvcc-12-8\nVersion: 12.8.61-1\n\n"
+                           "Package: cuda-nvcc-dev-fake\n\n")
+    facts = probe(fakeroot, fakebin)
+    assert (facts.cuda.env_cuda_home, facts.cuda.env_cuda_home_file) == ("/usr/local/cuda-12.4",
+                                                                         "/etc/environment")
+    assert (facts.apt.nvidia_index.files, facts.apt.nvidia_index.nvcc) == (1, ["12-4", "12-8"])
+    assert facts.apt.nvidia_index.carries("12.8") is True and facts.apt.nvidia_index.carries("13.0") is False
+    assert facts.apt.apt_key is False   # no apt-key among the fake commands
+
+
+def test_no_index_and_no_cuda_home_are_unknown_not_false(fakeroot: Path, fakebin: FakeBin) -> None:
+    facts = probe(fakeroot, fakebin)
+    assert facts.cuda.env_cuda_home is None
+    assert facts.apt.nvidia_index.files == 0 and facts.apt.nvidia_index.carries("12.8") is None
+
+
+def test_a_bare_pip_nvcc_is_incomplete_until_runtime_headers_and_cccl_are_beside_it(
+    fakeroot: Path, fakebin: FakeBin, site: Path, tmp_path: Path,
+) -> None:
+    fakebin.link("python3", sys.executable)
+    [bare] = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0].pip_nvcc
+    assert bare.complete is False        # only nvidia/cuda_nvcc, as JAX pulls it in
+    write(site, "nvidia/cuda_runtime/include/cuda_runtime_api.h", "")
+    write(site, "nvidia/cuda_cccl/include/cub/cub.cuh", "")
+    [complete] = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0].pip_nvcc
+    assert complete.complete is True
+
+
+def test_python_headers_are_looked_up_for_the_interpreter(
+    fakeroot: Path, fakebin: FakeBin, site: Path, tmp_path: Path,
+) -> None:
+    import sysconfig
+    fakebin.link("python3", sys.executable)
+    env = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0]
+    expected = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
+    assert env.python_h is expected
+    assert env.conda_nvcc is None
+
+
+def test_discovers_venvs_and_conda_envs_with_torch_read_as_text(fakeroot: Path, fakebin: FakeBin) -> None:
+    for prefix in ("opt/train/venv", "opt/conda/envs/infer", "root/.venv"):
+        write(fakeroot, f"{prefix}/bin/python3", "#!/bin/sh\nexit 99\n")   # never run: it would fail
+        (fakeroot / prefix / "bin/python3").chmod(0o755)
+    write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
+    write(fakeroot, "opt/conda/envs/infer/lib/python3.12/site-packages/torch/version.py",
+          "__version__ = '2.9.1+cpu'\ncuda = None\n")
+    found = {d.path: d for d in probe(fakeroot, fakebin).discovered_pythons}
+    train = found["/opt/train/venv/bin/python3"]
+    assert (train.source, train.prefix, train.inspected) == ("venv", "/opt/train/venv", False)
+    assert train.torch is not None and (train.torch.version, train.torch.cuda) == ("2.11.0+cu128", "12.8")
+    infer = found["/opt/conda/envs/infer/bin/python3"]
+    assert infer.source == "conda" and infer.torch is not None and infer.torch.cuda is None
+    assert found["/root/.venv/bin/python3"].torch is None
+
+
+def test_the_wheels_arch_list_is_read_without_importing_torch_where_a_gpu_is(
+    fakeroot: Path, fakebin: FakeBin, site: Path, tmp_path: Path,
+) -> None:
+    fakebin.link("python3", sys.executable)
+    (site / "torch/lib").mkdir()
+    (site / "torch/lib/libtorch_python.so").write_bytes(
+        b"\x7fELF\0sm_80\0junk\0cpp_abi\0\0sm_75 sm_80 sm_86 sm_90 sm_100 sm_120\0/torch/csrc/cuda/\0")
+    no_gpu = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0]
+    assert no_gpu.torch is not None and no_gpu.torch.arch_list is None     # no GPU: not worth the grep
+    write(fakeroot, "dev/nvidia0", "")
+    env = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0]
+    assert env.torch is not None
+    assert env.torch.arch_list == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+    assert not (tmp_path / "torch-imported").exists()
+
+
+REAL_TORCH_PYTHON = Path("/opt/fleetfix-torch-2.14.1/bin/python3")
+
+
+@pytest.mark.skipif(not REAL_TORCH_PYTHON.exists(),
+                    reason="the real torch venv (tests/lab/realtorch.py) is not built here")
+def test_the_real_cu130_wheels_arch_list(fakeroot: Path, fakebin: FakeBin) -> None:
+    write(fakeroot, "dev/nvidia0", "")
+    env = probe(fakeroot, fakebin, (str(REAL_TORCH_PYTHON),)).pythons[0]
+    assert env.torch is not None and env.torch.cuda == "13.0"
+    assert env.torch.arch_list == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]

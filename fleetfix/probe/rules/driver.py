@@ -1,0 +1,94 @@
+"""Host driver rules: the container's userspace against the node's kernel module, and the driver
+against torch's CUDA (DOMAIN.md 4.2, 5.1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from fleetfix.probe.facts import version_tuple
+from fleetfix.probe.rules.base import Context, Finding, Severity, dotted, finding, major_minor
+from fleetfix.probe.rules.tables import FULL_FEATURE_DRIVER, MIN_DRIVER_BY_MAJOR
+
+
+def driver_libs_mismatch(ctx: Context) -> Iterator[Finding]:
+    gpu = ctx.facts.gpu
+    libs = gpu.userspace_driver_versions
+    module = ctx.node.kernel_module_version if ctx.node else None
+    nvml_says = gpu.smi_error is not None and "version mismatch" in gpu.smi_error.lower()
+    differing = [v for v in libs if module and v != module]
+    if not (differing or nvml_says or len(libs) > 1):
+        return
+    evidence = {"container_driver_libs": [lib.model_dump() for lib in gpu.driver_libs],
+                "host_kernel_module": module, "nvidia_smi_error": gpu.smi_error}
+    want = module or "the host's kernel module version"
+    yield finding(
+        "DRIVER_LIBS_MISMATCH", Severity.ERROR,
+        f"container NVIDIA driver libraries {', '.join(libs) or '(unknown)'} do not match the host kernel "
+        f"module {module or '(see nvidia-smi)'}: CUDA fails with 'Driver/library version mismatch'",
+        evidence,
+        hint=f"install exactly {want} userspace libraries in the container "
+             f"(NVIDIA-Linux-<arch>-{want}.run --no-kernel-module) or bind-mount the host's; never install "
+             "a driver package from the CUDA repo inside a container",
+    )
+
+
+def driver_too_old(ctx: Context) -> Iterator[Finding]:
+    driver, source = ctx.driver_version()
+    have = version_tuple(driver)
+    if have is None:
+        return
+    for cuda in ctx.torch_cudas:
+        mm = major_minor(cuda)
+        if mm is None:
+            continue
+        evidence = {"driver_version": driver, "driver_source": source, "torch_cuda": cuda}
+        minimum = MIN_DRIVER_BY_MAJOR.get(mm[0])
+        full = FULL_FEATURE_DRIVER.get(mm)
+        if minimum and have < minimum:
+            yield finding(
+                "DRIVER_TOO_OLD", Severity.ERROR,
+                f"host driver {driver} is older than {dotted(minimum)}, the minimum for any CUDA {mm[0]}.x "
+                f"runtime: torch (CUDA {cuda}) fails with 'CUDA driver version is insufficient'",
+                {**evidence, "minimum_driver": dotted(minimum)},
+                hint=f"upgrade the host (node) driver to >= {full or dotted(minimum)}, or use a torch build "
+                     "for an older CUDA; the container cannot fix this",
+            )
+        elif full and have < (version_tuple(full) or ()):
+            yield finding(
+                "DRIVER_BELOW_FULL_FEATURE", Severity.WARNING,
+                f"host driver {driver} runs CUDA {cuda} only through minor-version compatibility (its own "
+                f"driver is {full}): PTX JIT of newer code fails with 'the provided PTX was "
+                "compiled with an unsupported toolchain'",
+                {**evidence, "full_feature_driver": full},
+                hint="build extensions with SASS for the GPU's exact arch (no PTX JIT), or upgrade the host "
+                     f"driver to >= {full}",
+            )
+
+
+def gpu_not_visible(ctx: Context) -> Iterator[Finding]:
+    if ctx.torch_cudas and not ctx.facts.gpu.devices:
+        yield finding(
+            "GPU_NOT_VISIBLE", Severity.INFO,
+            "torch is a CUDA build but no /dev/nvidia* device is visible in this target",
+            {"torch_cuda": list(ctx.torch_cudas), "devices": []},
+            hint="if this target should use a GPU, pass /dev/nvidia* through in the container config "
+                 "(lxc.mount.entry / devN); building extensions does not need a GPU",
+        )
+
+
+def gpu_passthrough_partial(ctx: Context) -> Iterator[Finding]:
+    devices = set(ctx.facts.gpu.devices)
+    gpus = sorted(d for d in devices if d[len("/dev/nvidia"):].isdigit())
+    if not ctx.torch_cudas or not gpus:
+        return
+    missing = [d for d in ("/dev/nvidiactl", "/dev/nvidia-uvm") if d not in devices]
+    if not missing:
+        return
+    yield finding(
+        "GPU_PASSTHROUGH_PARTIAL", Severity.ERROR,
+        f"{', '.join(gpus)} passed through but not {', '.join(missing)}: CUDA cannot initialise "
+        "(torch.cuda.is_available() is False) even where nvidia-smi works",
+        {"devices": sorted(devices), "missing": missing},
+        hint="add the missing devices to /etc/pve/lxc/<id>.conf (lxc.mount.entry ... create=file, or devN:) "
+             "and allow nvidia-uvm's major, which is dynamic (ls -l /dev/nvidia-uvm on the host)",
+    )
