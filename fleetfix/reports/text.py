@@ -7,7 +7,9 @@ says can style (or break) the terminal.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping
 from functools import singledispatch
 from typing import Any
 
@@ -24,6 +26,7 @@ from fleetfix.playbook.records import RunDetail, RunList
 from fleetfix.playbook.runner import PlaybookRun
 from fleetfix.probe.run import ProbeRun, TargetReport
 from fleetfix.reports.console import SEVERITY_STYLE, STATUS_STYLE, page, page_text, print_table
+from fleetfix.secrets import mask_vars
 
 
 def render_text(run: Any, **options: Any) -> str:
@@ -40,19 +43,30 @@ def show(run: Any, out: Console, **options: Any) -> None:
 
 @show.register
 def _targets(resolution: Resolution, out: Console, **options: Any) -> None:
-    table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "SOURCE", box=None, pad_edge=False)
+    table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "VARS", "SOURCE", box=None,
+                  pad_edge=False)
     for t in resolution.targets:
         ssh = t.node.ssh
         address = f"{ssh.user}@{ssh.address}:{ssh.port}" if ssh else "(local)"
         table.add_row(*(escape(cell) for cell in (
             t.name, t.node.name, address, str(t.guest.id or "-"), ",".join(sorted(t.tags)),
-            ",".join(sorted(t.groups)), t.source,
+            ",".join(sorted(t.groups)), _vars_cell(t.vars), t.source,
         )))
     print_table(table, out)
     for label, reason in resolution.skipped:
         out.print(f"skipped: {escape(label)}: {escape(reason)}")
     skipped = f", {len(resolution.skipped)} skipped" if resolution.skipped else ""
     out.print(f"{len(resolution.targets)} target(s){skipped}")
+
+
+def _vars_cell(variables: Mapping[str, Any]) -> str:
+    """A target's resolved vars, one `name=value` a line (strings as written, the rest as JSON), with
+    secret-named vars masked: a listing is pasted into tickets and chats."""
+    lines = []
+    for name, value in mask_vars(variables).items():
+        shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        lines.append(f"{name}={shown}")
+    return "\n".join(lines) or "-"
 
 
 @show.register
