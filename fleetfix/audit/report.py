@@ -83,7 +83,7 @@ def remediation_lines(run: AuditRun) -> list[str]:
         after = _health_after(run, remediation, item.target)
         codes = ", ".join(item.codes_before) or "-"
         lines.append(f"  {item.target:<{width}}  apply {item.apply_status:<12}  error -> {after:<11}  "
-                     f"(was: {codes})")
+                     f"(was: {codes})" + (f"; {item.snapshot}" if item.snapshot else ""))
     return lines
 
 

@@ -206,6 +206,13 @@ def _run_detail(detail: RunDetail, out: Console, **options: Any) -> None:
     for record in detail.targets.values():
         out.print(f"\n[bold]== {escape(record.name)}[/] "
                   f"[{STATUS_STYLE.get(record.status, '')}]{record.status}[/] {escape(record.reason)}")
+        if record.snapshot is not None:  # the way back comes before the steps that made it needed
+            if record.snapshot.note():
+                out.print(f"  {escape(record.snapshot.note())}")
+            if record.snapshot.pruned:
+                out.print(f"  pruned {escape(', '.join(record.snapshot.pruned))}")
+            for warning in record.snapshot.warnings:
+                out.print(f"  [yellow]warning[/] {escape(warning)}")
         for step in record.steps:
             out.print(f"  [{STATUS_STYLE.get(step.status, '')}]{step.status:<12}[/] {escape(step.name)}"
                       + (f" — {escape(step.reason)}" if step.reason else ""))
