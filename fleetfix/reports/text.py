@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import singledispatch
 from typing import Any
 
@@ -70,19 +70,24 @@ def _vars_cell(variables: Mapping[str, Any]) -> str:
 
 
 @show.register
-def _exec(run: ExecRun, out: Console, **options: Any) -> None:
-    """Each target's header and stdout (its stderr was streamed live as it came)."""
+def _exec(run: ExecRun, out: Console, *,
+          transcripts: Mapping[str, Sequence[tuple[str, str]]] | None = None, **options: Any) -> None:
+    """Each target's header, then its stdout (its stderr was streamed live as it came), or, given its
+    transcript (on a terminal), everything it printed, in order."""
     for outcome in run.outcomes:
         result = outcome.value
         if result is None:
             message = outcome.error.with_hint() if outcome.error else outcome.status
             out.print(f"[bold]== {escape(outcome.target.name)}[/] [red]{outcome.status}[/]: "
                       f"{escape(message)}")
-            continue
-        state = "timed out" if result.timed_out else f"exit {result.exit_code}"
-        colour = "green" if result.ok else "red"
-        out.print(f"[bold]== {escape(outcome.target.name)}[/] [{colour}]{state}[/]")
-        if result.stdout:  # as the command wrote it: the user pipes this
+        else:
+            state = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            colour = "green" if result.ok else "red"
+            out.print(f"[bold]== {escape(outcome.target.name)}[/] [{colour}]{state}[/]")
+        if transcripts is not None:
+            # As the command wrote it (stderr too: it is one screen), never as markup.
+            out.file.write("".join(line + "\n" for _, line in transcripts.get(outcome.target.name, ())))
+        elif result is not None and result.stdout:  # as the command wrote it: the user pipes this
             out.file.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
 
 
