@@ -3,8 +3,12 @@ the README's test command is the one CI runs, and the checked docs really contai
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -134,3 +138,46 @@ def test_console_parser_reads_commands_exit_codes_continuations_and_checked_line
         (8, 0, [], False),
     ]
     assert commands[1].command == "fleetfix apply x.yaml \\\n    --check"
+
+
+def completion_lines() -> dict[str, str]:
+    """The README's shell-completion commands, by shell (the comment after each names it)."""
+    text = README.read_text()
+    block = text[text.index("## Shell completion"):].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines: dict[str, str] = {}
+    for line in block.splitlines():
+        command, _, comment = line.partition("  #")
+        lines[comment.strip().split(":")[0].split(",")[0].split()[0]] = command.strip()
+    return lines
+
+
+def test_shell_completion_lines_work_on_a_fresh_account(tmp_path: Path) -> None:
+    """As written, for a user whose home has no ~/.config yet (the fish line used to fail there)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    # The installed command (click names the completion variable after it; `python -m` would not do)
+    script = Path(sys.executable).parent / "fleetfix"
+    if not script.is_file():
+        pytest.skip(f"no fleetfix command next to {sys.executable} (not installed as the README says)")
+    env = {"HOME": str(home), "PATH": f"{script.parent}{os.pathsep}{os.environ['PATH']}"}
+    lines = completion_lines()
+    assert set(lines) == {"bash", "zsh", "fish"}, lines
+
+    def sh(command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["bash", "-c", command], env=env, cwd=tmp_path, text=True,
+                              capture_output=True, timeout=120, check=False)
+
+    done = sh(lines["fish"])
+    assert done.returncode == 0, done.stderr
+    fish = (home / ".config" / "fish" / "completions" / "fleetfix.fish").read_text()
+    assert "complete" in fish and "fleetfix" in fish
+    done = sh(lines["bash"] + "\ncomplete -p fleetfix")
+    assert done.returncode == 0 and "fleetfix" in done.stdout, done.stderr
+    zsh_source = lines["zsh"].removeprefix('eval "$(').removesuffix(')"')  # zsh itself may be absent
+    done = sh(zsh_source)
+    assert done.returncode == 0 and "compdef" in done.stdout, done.stderr
+    if shutil.which("fish"):
+        done = subprocess.run(["fish", "-c", f"source {home}/.config/fish/completions/fleetfix.fish; "
+                               "complete -C 'fleetfix '"], env=env, text=True, capture_output=True,
+                              timeout=120, check=False)
+        assert "probe" in done.stdout, done.stderr
