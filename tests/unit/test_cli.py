@@ -80,3 +80,16 @@ def test_forks_default_is_the_fleet_runners() -> None:
     for command in ("probe", "exec", "apply", "audit"):
         [forks] = [p for p in main.commands[command].params if p.name == "forks"]
         assert forks.default == DEFAULT_FORKS, command
+
+
+def test_runs_show_last_is_the_newest_run(tmp_path: Path) -> None:
+    from fleetfix.playbook.records import RunRecorder
+
+    for run_id, playbook in (("20261202T110000Z-aaaaaa", "older"), ("20261202T120000Z-000000", "newer")):
+        with RunRecorder(tmp_path, run_id=run_id) as recorder:
+            recorder.event("run-start", playbook=playbook, check=False, targets=[])
+            recorder.event("run-end", status="ok")
+    code, out, _ = invoke("runs", "show", "last", "--state-dir", str(tmp_path))
+    assert code == 0 and out.startswith("run 20261202T120000Z-000000 newer apply: ok")
+    code, _, err = invoke("runs", "show", "last", "--state-dir", str(tmp_path / "none"))
+    assert code == 2 and "no runs recorded" in err
