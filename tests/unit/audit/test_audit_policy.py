@@ -171,3 +171,10 @@ def test_a_reachable_target_never_goes_stale(tmp_path: Path) -> None:
             policy = load_policy(write(tmp_path, "max_age: {unreachable_days: 1}\n"))
             run = run_audit(fleet, [target], policy=policy, store=store)
     assert not [f for f in run.targets[0].findings if f.code == "STALE_AUDIT"]
+
+
+def test_the_example_policy_loads() -> None:
+    """policy.example.yaml, the commented policy the docs run against the lab."""
+    policy = load_policy(Path(__file__).resolve().parents[3] / "policy.example.yaml")
+    assert policy.severity == {"GPU_NOT_VISIBLE": "ignore"} and policy.required_extensions == ["causal_conv1d"]
+    assert policy.levels_for(frozenset(), frozenset({"training"}), "t")["EXTENSION_MISSING"] == "error"
