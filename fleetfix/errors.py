@@ -21,6 +21,7 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     │   ├── CommandTimeoutError         a command ran past its timeout (channel closed)
     │   └── DiscoveryError              a Proxmox source could not be listed (API/TLS/token/pvesh)
     ├── CommandFailedError (1)          result.check() on a non-zero exit
+    ├── AuditBusyError (1)              another audit holds the history's lock
     ├── ProbeOutputError (4)            a target's probe printed something that is not the probe's JSON
     ├── UnexpectedError (1)             a bug surfaced while working on one target (kept per target)
     └── Interrupted (130)               the target was never started: Ctrl-C came first
@@ -157,6 +158,17 @@ class DiscoveryError(TransportError):
 
 class CommandFailedError(FleetfixError):
     exit_code: ClassVar[ExitCode] = ExitCode.FAILED
+
+
+class AuditBusyError(FleetfixError):
+    """Another `fleetfix audit` is writing the same history (fleetfix.audit.lock). Names the database."""
+
+    hint = ("let it finish, or stop it: a hung scheduled audit is stopped after the unit's "
+            "TimeoutStartSec= (`fleetfix schedule install --timeout`)")
+
+    def __init__(self, message: str, *, path: str) -> None:
+        self.path = path
+        super().__init__(f"{path}: {message}")
 
 
 class ProbeOutputError(FleetfixError):

@@ -7,6 +7,9 @@
 
 from __future__ import annotations
 
+import difflib
+import types
+import typing
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -97,13 +100,71 @@ def load_yaml(path: str | Path, cls: type[ConfigError] = ConfigError) -> tuple[A
 
 
 def validate(model: type[M], data: Any, where: Locations, cls: type[ConfigError] = ConfigError) -> M:
-    """model.model_validate(data), with the first error turned into a one-line ConfigError."""
+    """model.model_validate(data), with one error turned into a one-line ConfigError.
+
+    An unknown key is reported before any other error, with the closest known field: a misspelt key
+    (`adress:`) also leaves its real field missing, and "address: Field required" would send the reader
+    looking for a key that is, to their eyes, right there."""
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        errors = exc.errors()
+        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
         loc = tuple(part for part in first["loc"] if not str(part).startswith("function-"))
         message = first["msg"]
         if first["type"] == "extra_forbidden":
-            message = "unknown field"
+            message = "unknown field" + _suggestion(model, loc)
         raise where.error(loc, message, cls) from None
+
+
+def _suggestion(model: type[BaseModel], loc: Loc) -> str:
+    """` (did you mean 'address'?)` for the unknown key at loc, else the fields it could have been."""
+    parent = _model_at(model, loc[:-1])
+    if parent is None or not loc or not isinstance(loc[-1], str):
+        return ""
+    known = [info.alias or name for name, info in parent.model_fields.items() if not info.exclude]
+    close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+    if close:
+        return f" (did you mean {close[0]!r}?)"
+    return f" (expected one of: {', '.join(known)})" if known else ""
+
+
+def _model_at(annotation: Any, loc: Loc) -> type[BaseModel] | None:
+    """The pydantic model that validates the value at loc under annotation, if one does."""
+    for part in loc:
+        annotation = _child(annotation, part)
+        if annotation is None:
+            return None
+    model = _unwrap(annotation)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    while typing.get_origin(annotation) is typing.Annotated:
+        annotation = typing.get_args(annotation)[0]
+    return annotation
+
+
+def _child(annotation: Any, part: str | int) -> Any:
+    """The annotation of the item `part` of a value of type annotation (a field, list item, dict value)."""
+    annotation = _unwrap(annotation)
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):  # X | None: the first arm that has such an item
+        for arm in typing.get_args(annotation):
+            found = _child(arm, part)
+            if found is not None:
+                return found
+        return None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        if not isinstance(part, str):
+            return None
+        for name, info in annotation.model_fields.items():
+            if part in (name, info.alias):
+                return info.annotation
+        return None
+    args = typing.get_args(annotation)
+    if origin in (list, tuple) and isinstance(part, int) and args:
+        return args[0]
+    if origin is dict and len(args) == 2:
+        return args[1]
+    return None

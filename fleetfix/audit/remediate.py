@@ -26,6 +26,12 @@ from fleetfix.secrets import mask_vars
 from fleetfix.target import Target
 
 
+class SnapshotLike(Protocol):
+    """What is read of a playbook.snapshots.SnapshotOutcome."""
+
+    def note(self) -> str: ...
+
+
 class TargetRunLike(Protocol):
     """What is read of a playbook.TargetRun."""
 
@@ -35,6 +41,8 @@ class TargetRunLike(Protocol):
     def status(self) -> str: ...
     @property
     def reason(self) -> str: ...
+    @property
+    def snapshot(self) -> SnapshotLike | None: ...
 
 
 class PlaybookRunLike(Protocol):
@@ -63,10 +71,11 @@ class TargetRemediation:
     apply_status: str  # the playbook run's target status: changed, ok, failed, would-change, ...
     reason: str = ""
     codes_before: tuple[str, ...] = ()  # its error-severity codes in the audit run
+    snapshot: str = ""  # with --snapshot: "snapshot NAME", "rolled back to NAME", why there is none
 
     def to_json(self) -> dict[str, Any]:
         return {"target": self.target, "apply_status": self.apply_status, "reason": self.reason,
-                "codes_before": list(self.codes_before)}
+                "codes_before": list(self.codes_before), "snapshot": self.snapshot}
 
 
 @dataclass(frozen=True)
@@ -94,7 +103,8 @@ class Remediation:
             error=data.get("error"), vars=dict(data.get("vars") or {}),
             targets=tuple(TargetRemediation(target=str(t["target"]), apply_status=str(t["apply_status"]),
                                             reason=str(t.get("reason", "")),
-                                            codes_before=tuple(t.get("codes_before", ())))
+                                            codes_before=tuple(t.get("codes_before", ())),
+                                            snapshot=str(t.get("snapshot") or ""))
                           for t in data.get("targets", ())),
         )
 
@@ -127,12 +137,7 @@ def apply_to_failing(
     applied = apply(selected)
     by_name = {run.target: run for run in applied.targets}
     per_target = tuple(
-        TargetRemediation(
-            target=target.name,
-            apply_status=by_name[target.name].status if target.name in by_name else NOT_RUN,
-            reason=by_name[target.name].reason if target.name in by_name else "",
-            codes_before=errors_before.get(target.name, ()),
-        )
+        _target_remediation(target.name, by_name.get(target.name), errors_before.get(target.name, ()))
         for target in selected
     )
     # A refused run (template error) changed nothing anywhere: planning happens before any step runs.
@@ -143,3 +148,11 @@ def apply_to_failing(
         targets=per_target,
     )
     return remediation, selected if reprobe else []
+
+
+def _target_remediation(name: str, run: TargetRunLike | None, codes_before: tuple[str, ...]
+                        ) -> TargetRemediation:
+    if run is None:
+        return TargetRemediation(name, NOT_RUN, codes_before=codes_before)
+    snapshot = run.snapshot.note() if run.snapshot is not None else ""
+    return TargetRemediation(name, run.status, run.reason, codes_before, snapshot)

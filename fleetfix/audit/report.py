@@ -86,7 +86,7 @@ def remediation_lines(run: AuditRun) -> list[str]:
         after = _health_after(run, remediation, item.target)
         codes = ", ".join(item.codes_before) or "-"
         lines.append(f"  {item.target:<{width}}  apply {item.apply_status:<12}  error -> {after:<11}  "
-                     f"(was: {codes})")
+                     f"(was: {codes})" + (f"; {item.snapshot}" if item.snapshot else ""))
     return lines
 
 
@@ -120,7 +120,20 @@ def _findings_block(title: str, findings: Sequence[Finding]) -> list[str]:
 
 def _counts(run: AuditRun) -> str:
     counts = ", ".join(f"{n} {health}" for health, n in health_counts(run).items() if n)
-    return f"{len(run.targets)} target(s): {counts or 'none'}"
+    ignored = sum(len(result.ignored) for result in run.targets)
+    # An ignored finding is no finding (no health, exit code, drift or metric), but every report names
+    # it, so a policy cannot hide a problem without the report saying so.
+    return f"{len(run.targets)} target(s): {counts or 'none'}" + (
+        f"; {ignored} ignored by policy" if ignored else "")
+
+
+def _target_cell(result: TargetResult) -> str:
+    """The finding codes of a target's line, then the codes the policy ignored (or its error)."""
+    codes = ", ".join(f.code for f in result.findings) or result.error
+    parts = [codes] if codes else []
+    if result.ignored:
+        parts.append(f"ignored: {', '.join(result.ignored)}")
+    return "; ".join(parts) or "-"
 
 
 def text_report(run: AuditRun, *, verbose: bool = False) -> str:
@@ -133,8 +146,7 @@ def text_report(run: AuditRun, *, verbose: bool = False) -> str:
     lines.append("")
     width = max((len(result.target) for result in run.targets), default=6)
     for result in run.targets:
-        codes = ", ".join(f.code for f in result.findings) or (result.error or "-")
-        lines.append(f"{result.target:<{width}}  {result.health:<11}  {codes}")
+        lines.append(f"{result.target:<{width}}  {result.health:<11}  {_target_cell(result)}")
     for result in run.targets:
         shown = [f for f in result.findings if verbose or f.severity.value != "info"]
         lines += _findings_block(result.target, shown)

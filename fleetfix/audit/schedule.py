@@ -7,6 +7,11 @@ the cron line.
 
 The service exits with `fleetfix audit`'s code, so 3 (error findings) and 4 (unreachable) leave the unit
 "failed": `systemctl --failed` and an OnFailure= hook then alert, which is the point of a nightly audit.
+
+What runs at night runs elsewhere than where it was installed: systemd starts it in `/` with an empty
+environment, cron in the user's home. So every path in it is absolute (the CLI pins and checks them at
+install time) and the unit also names its WorkingDirectory=; a hung audit is stopped after `timeout`
+(TimeoutStartSec=, or coreutils `timeout` on the cron line) so runs cannot pile up behind it.
 """
 
 from __future__ import annotations
@@ -33,6 +38,9 @@ _SPAN_UNITS = {"": 1, "s": 1, "sec": 1, "second": 1, "seconds": 1, "m": 60, "min
                "minutes": 60, "h": 3600, "hr": 3600, "hour": 3600, "hours": 3600, "d": 86400, "day": 86400,
                "days": 86400}
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+DEFAULT_TIMEOUT = "3h"
+# After the timeout, the audit gets SIGTERM (its run stays incomplete, never a baseline), then SIGKILL.
+_KILL_AFTER_S = 60
 # Words systemd takes literally: no quotes, whitespace, specifiers (%), variables ($) or escapes (\).
 _SYSTEMD_PLAIN = re.compile(r"[A-Za-z0-9_+=:,./@-]+")
 
@@ -45,15 +53,15 @@ def _no_control(value: str, what: str) -> str:
     return value
 
 
-def timespan_seconds(span: str) -> int:
+def timespan_seconds(span: str, option: str = "--randomized-delay") -> int:
     """A systemd time span ("15min", "1h 30min", "90") in seconds; ConfigError if it is not one."""
     text, total, position = span.strip(), 0.0, 0
     if not text:
-        raise ConfigError(f"--randomized-delay {span!r}: expected a time span such as 15min or 1h")
+        raise ConfigError(f"{option} {span!r}: expected a time span such as 15min or 1h")
     while position < len(text):
         part = _SPAN_PART.match(text, position)
         if part is None or part.group(2) not in _SPAN_UNITS:
-            raise ConfigError(f"--randomized-delay {span!r}: expected a time span such as 15min or 1h")
+            raise ConfigError(f"{option} {span!r}: expected a time span such as 15min or 1h")
         total += float(part.group(1)) * _SPAN_UNITS[part.group(2)]
         position = part.end()
     return int(total)
@@ -67,11 +75,15 @@ class ScheduleSpec:
     randomized_delay_s: int
     argv: tuple[str, ...]  # what runs: python -m fleetfix audit ...
     environment: dict[str, str] = field(default_factory=dict)
+    working_directory: str = "/"  # absolute; where it was installed from
+    timeout: str = DEFAULT_TIMEOUT  # a systemd time span: TimeoutStartSec=, and `timeout` on the cron line
+    timeout_s: int = 3 * 3600
 
     @classmethod
     def build(cls, *, name: str, at: str = "03:00", on_calendar: str | None = None,
               randomized_delay: str = "15min", audit_args: Sequence[str] = (), db: str | None = None,
-              python: str | None = None) -> ScheduleSpec:
+              python: str | None = None, working_directory: str | None = None,
+              timeout: str = DEFAULT_TIMEOUT) -> ScheduleSpec:
         if not _UNIT_NAME.fullmatch(name):
             raise ConfigError(f"--name {name!r}: letters, digits and _ . @ - only")
         at_match = _AT.fullmatch(at)
@@ -82,6 +94,9 @@ class ScheduleSpec:
             raise ConfigError(f"--on-calendar {on_calendar!r}: not a calendar expression")
         for arg in audit_args:
             _no_control(arg, "audit option")
+        timeout_s = timespan_seconds(timeout, "--timeout")
+        if timeout_s < 1:
+            raise ConfigError(f"--timeout {timeout!r}: expected a time span of at least 1s")
         environment = {}
         if db:
             environment[DB_ENV] = _no_control(os.path.abspath(db), "--db")
@@ -91,6 +106,9 @@ class ScheduleSpec:
             name=name, on_calendar=on_calendar or f"*-*-* {hour:02d}:{minute:02d}:00",
             cron_time=f"{minute} {hour}", randomized_delay_s=timespan_seconds(randomized_delay),
             argv=(interpreter, "-m", "fleetfix", "audit", *audit_args), environment=environment,
+            working_directory=_no_control(os.path.abspath(working_directory or os.getcwd()),
+                                          "working directory"),
+            timeout=" ".join(timeout.split()), timeout_s=timeout_s,
         )
 
 
@@ -110,6 +128,11 @@ def _environment_line(name: str, value: str) -> str:
     return f'Environment="{assignment}"'
 
 
+def _unit_path(path: str) -> str:
+    # A path setting is one value (no word splitting), but % specifiers are expanded in it.
+    return _no_control(path, "unit value").replace("%", "%%")
+
+
 def service_unit(spec: ScheduleSpec) -> str:
     lines = [
         "[Unit]",
@@ -119,10 +142,13 @@ def service_unit(spec: ScheduleSpec) -> str:
         "",
         "[Service]",
         "Type=oneshot",
+        # Where it was installed from; every path in ExecStart= is absolute anyway (systemd starts in /).
+        f"WorkingDirectory={_unit_path(spec.working_directory)}",
         *(_environment_line(name, value) for name, value in spec.environment.items()),
         "ExecStart=" + " ".join(systemd_quote(word) for word in spec.argv),
         # A hung audit must not block tomorrow's: a running oneshot is not started again by its timer.
-        "TimeoutStartSec=3h",
+        f"TimeoutStartSec={spec.timeout}",
+        f"TimeoutStopSec={_KILL_AFTER_S}",
         "Nice=10",
     ]
     return "\n".join(lines) + "\n"
@@ -152,8 +178,10 @@ def units(spec: ScheduleSpec) -> dict[str, str]:
 def cron_line(spec: ScheduleSpec) -> str:
     """A crontab line (sh syntax; cron turns an unescaped % into a newline, so every % is escaped)."""
     words = [f"{name}={shlex.quote(value)}" for name, value in spec.environment.items()]
+    # coreutils timeout: cron has no TimeoutStartSec=, and a hung audit must not pile up night after night
+    words += ["timeout", f"--kill-after={_KILL_AFTER_S}", str(spec.timeout_s)]
     words += [shlex.quote(word) for word in spec.argv]
-    command = " ".join(words)
+    command = f"cd {shlex.quote(spec.working_directory)} && " + " ".join(words)
     if spec.randomized_delay_s > 0:  # cron has no RandomizedDelaySec: sleep a random part of it first
         command = (f"sleep $(( $(od -An -N2 -tu2 /dev/urandom) % {spec.randomized_delay_s} )) && "
                    + command)
@@ -195,6 +223,83 @@ def install(spec: ScheduleSpec, unit_dir: Path, systemctl: Systemctl | None = No
     ctl(["enable", "--now", f"{spec.name}.timer"])
     done.append(f"enabled and started {spec.name}.timer")
     return done
+
+
+@dataclass(frozen=True)
+class InstalledService:
+    """What an installed service runs, read back from its unit file (as it is now, edits included)."""
+
+    path: Path
+    argv: tuple[str, ...]
+    working_directory: str | None = None
+    environment: dict[str, str] = field(default_factory=dict)
+    timeout: str | None = None
+
+    @property
+    def audit_args(self) -> tuple[str, ...] | None:
+        """The options given to `fleetfix audit`, when that is what it runs."""
+        if len(self.argv) >= 4 and self.argv[1:4] == ("-m", "fleetfix", "audit"):
+            return self.argv[4:]
+        return None
+
+    def command_line(self) -> str:
+        """The same as one sh command line: what a person would type to run it by hand."""
+        words = [f"{name}={shlex.quote(value)}" for name, value in self.environment.items()]
+        words += [shlex.quote(word) for word in self.argv]
+        command = " ".join(words)
+        return f"cd {shlex.quote(self.working_directory)} && {command}" if self.working_directory else command
+
+
+def unit_words(value: str, *, dollar: bool) -> list[str]:
+    """systemd's splitting of a command line or an Environment= value into words ("Command lines" in
+    systemd.service): quotes, backslash escapes, `%%` for `%` and (ExecStart=) `$$` for `$`."""
+    words: list[str] = []
+    i = 0
+    while i < len(value):
+        if value[i].isspace():
+            i += 1
+            continue
+        word, quote = "", None
+        while i < len(value) and (quote is not None or not value[i].isspace()):
+            char = value[i]
+            if char == "\\" and i + 1 < len(value):
+                word, i = word + value[i + 1], i + 2
+                continue
+            if quote is None and char in "\"'":
+                quote = char
+            elif char == quote:
+                quote = None
+            else:
+                word += char
+            i += 1
+        word = word.replace("%%", "%")
+        words.append(word.replace("$$", "$") if dollar else word)
+    return words
+
+
+def installed_service(name: str, unit_dir: Path) -> InstalledService | None:
+    """The installed NAME.service, read back; None when there is none."""
+    path = unit_dir / f"{name}.service"
+    if not path.is_file():
+        return None
+    argv: list[str] = []
+    working_directory = timeout = None
+    environment: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition("=")
+        if key == "ExecStart":
+            argv = unit_words(value, dollar=True)
+            if argv:
+                argv[0] = argv[0].lstrip("-@:+!")  # systemd's prefixes, not part of the path
+        elif key == "WorkingDirectory":
+            working_directory = value.strip().lstrip("-").replace("%%", "%")
+        elif key == "Environment":
+            for assignment in unit_words(value, dollar=False):
+                env_name, _, env_value = assignment.partition("=")
+                environment[env_name] = env_value
+        elif key == "TimeoutStartSec":
+            timeout = value.strip()
+    return InstalledService(path, tuple(argv), working_directory, environment, timeout)
 
 
 def show(name: str, unit_dir: Path, systemctl: Systemctl | None = None, *, detect: bool = True) -> str:

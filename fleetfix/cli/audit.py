@@ -7,6 +7,7 @@ probed (wins over 3); 2 bad input (policy, options); 1 anything else failed.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -67,7 +68,15 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     """
     if ctx.invoked_subcommand is not None:
         return None
-    from fleetfix.audit import RemediatedAudit, load_policy, remediate_audit, run_audit
+    from fleetfix.audit import (
+        AuditStore,
+        RemediatedAudit,
+        default_db_path,
+        load_policy,
+        remediate_audit,
+        run_audit,
+    )
+    from fleetfix.audit.lock import exclusive_audit
     from fleetfix.cli.live import ProbeProgress
     from fleetfix.fleet import Fleet
     from fleetfix.playbook import load_playbook
@@ -83,7 +92,9 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
             "targets": len(resolved)}
     if remediate_path:
         args.update(remediate=remediate_path, check=rollout.check)
-    with _store(db) as store, Fleet(forks=forks) as fleet:
+    db_path = Path(db) if db else default_db_path()
+    # One audit per history at a time (fleetfix.audit.lock): a second one exits instead of interleaving.
+    with exclusive_audit(db_path), AuditStore(db_path) as store, Fleet(forks=forks) as fleet:
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
                             on_progress=progress.advance, args=args)
@@ -98,8 +109,8 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
             apply=lambda chosen: roll_out(playbook, chosen, fleet, rollout, show_steps=show_steps,
                                           live_output=False),
         )
-    result = run if final is run else RemediatedAudit(run, final)
-    report.emit(result)
+        result = run if final is run else RemediatedAudit(run, final)
+        report.emit(result)  # under the lock too: the report files are this run's
     return result.exit_code
 
 

@@ -55,7 +55,8 @@ def targeting_options(func: F) -> F:
     """The options every fleet command shares; the command receives `targets: TargetRequest` and
     `forks: int`."""
     options: list[Callable[[F], F]] = [
-        click.option("-i", "--inventory", metavar="FILE",
+        # click.Path (no checks): `schedule install` finds the path-valued options by their type.
+        click.option("-i", "--inventory", metavar="FILE", type=click.Path(),
                      help="Inventory YAML (default: $FLEETFIX_INVENTORY, else ./inventory.yaml)."),
         click.option("-l", "--limit", metavar="PATTERN",
                      help="Select targets: name, glob, group, tag:T, node:N; '!' excludes; comma-separated."),
@@ -63,8 +64,9 @@ def targeting_options(func: F) -> F:
         click.option("--port", type=click.IntRange(1, 65535), default=22, show_default=True,
                      help="SSH port (with --host)."),
         click.option("--user", default="root", show_default=True, help="SSH user (with --host)."),
-        click.option("--identity", metavar="FILE", help="SSH private key (with --host)."),
-        click.option("--known-hosts", metavar="FILE", help="known_hosts file (default ~/.ssh/known_hosts)."),
+        click.option("--identity", metavar="FILE", type=click.Path(), help="SSH private key (with --host)."),
+        click.option("--known-hosts", metavar="FILE", type=click.Path(),
+                     help="known_hosts file (default ~/.ssh/known_hosts)."),
         click.option("--accept-new", is_flag=True,
                      help="Record unknown host keys (never accepts a changed key)."),
         click.option("--ct", "ctids", type=click.IntRange(1, 999_999_999), multiple=True, metavar="CTID",

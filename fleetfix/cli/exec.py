@@ -1,7 +1,9 @@
-"""`fleetfix exec`: a command on every target, stdout per target at the end, stderr live."""
+"""`fleetfix exec`: a command on every target, stdout per target at the end, stderr live (on a terminal:
+everything a target printed under its header)."""
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -35,30 +37,37 @@ def exec_command(command: tuple[str, ...], timeout: float | None, report: Report
 
     Each target's stdout is printed when it finishes, under a `== TARGET exit N` line; its stderr goes
     to stderr as it arrives (as `TARGET ! line` when there are several targets), with secret-named vars
-    masked. Pipe stdout, watch stderr.
+    masked. Pipe stdout, watch stderr. On a terminal (stdout and stderr both), everything a target
+    printed follows its header instead, in the order it came.
 
     \b
     Examples:
       fleetfix exec --host 10.1.2.6 --ct 200 -- cat /etc/os-release
       fleetfix exec --local -- nvcc --version
     """
-    from fleetfix.cli.live import LiveOutput
+    from fleetfix.cli.live import LiveOutput, Transcripts
     from fleetfix.command import run_command
     from fleetfix.fleet import Fleet
     from fleetfix.reports.console import err_console
     from fleetfix.secrets import Redactor, secret_values
 
     resolved = resolve(targets).targets
-    # --json carries stderr in its records: streaming it as well would only print it twice.
+    redactor = Redactor()
+    for target in resolved:
+        redactor.add(secret_values(target.vars))
+    # --json carries stderr in its records: streaming it as well would only print it twice. On one
+    # screen, a target's output goes under its header, which only exists once the target is done.
     live: LiveOutput | None = None
-    if not report.as_json:
-        redactor = Redactor()
-        for target in resolved:
-            redactor.add(secret_values(target.vars))
+    transcripts: Transcripts | None = None
+    if not report.as_json and sys.stdout.isatty() and sys.stderr.isatty():
+        transcripts = Transcripts(redact=redactor.text)
+    elif not report.as_json:
         # One target: its stderr lines as the command wrote them (as over plain ssh); several: labelled.
         live = LiveOutput(err_console, redact=redactor.text, labelled=len(resolved) > 1)
 
     def sink_for(target: Target) -> OutputSink | None:
+        if transcripts is not None:
+            return transcripts.sink_for(target.name)
         return None if live is None else live.sink_for(target.name, streams=("stderr",))
 
     def done(target: Target) -> None:
@@ -67,5 +76,8 @@ def exec_command(command: tuple[str, ...], timeout: float | None, report: Report
 
     with Fleet(forks=forks) as fleet:
         run = run_command(fleet, resolved, command, timeout=timeout, sink_for=sink_for, done=done)
-    report.emit(run)
+    if transcripts is not None:
+        report.emit(run, transcripts=transcripts.lines())
+    else:
+        report.emit(run)
     return run.exit_code

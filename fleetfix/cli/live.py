@@ -104,6 +104,44 @@ class LiveOutput:
             self._console.print(Text.assemble((name, "bold"), " ! ", (text, "dim")))
 
 
+class Transcripts:
+    """What each target printed, both streams in the order the lines came, kept for its report.
+
+    `exec` on a terminal prints a target's output under its `== NAME exit N` header, which is only known
+    when the target is done; streaming stderr live would put it above the header it belongs to. Thread-
+    safe: targets run concurrently."""
+
+    def __init__(self, *, redact: Callable[[str], str] | None = None) -> None:
+        # stderr is masked as it is when streamed; stdout is the command's data, passed on as it came
+        self._redact = redact or (lambda text: text)
+        self._lock = threading.Lock()
+        self._lines: dict[str, list[tuple[Stream, str]]] = {}
+        self._partial: dict[tuple[str, Stream], bytes] = {}
+
+    def sink_for(self, name: str) -> OutputSink:
+        def sink(stream: Stream, chunk: bytes) -> None:
+            with self._lock:
+                *lines, rest = (self._partial.pop((name, stream), b"") + chunk).split(b"\n")
+                if rest:
+                    self._partial[(name, stream)] = rest
+                for line in lines:
+                    self._add(name, stream, line)
+
+        return sink
+
+    def lines(self) -> dict[str, list[tuple[Stream, str]]]:
+        """Every target's lines (unfinished last lines included), by target name."""
+        with self._lock:
+            for (name, stream), rest in list(self._partial.items()):
+                self._add(name, stream, rest)
+            self._partial.clear()
+            return {name: list(lines) for name, lines in self._lines.items()}
+
+    def _add(self, name: str, stream: Stream, line: bytes) -> None:
+        text = line.rstrip(b"\r").decode(errors="replace")  # whole lines: no cut UTF-8
+        self._lines.setdefault(name, []).append((stream, self._redact(text) if stream == "stderr" else text))
+
+
 def step_printer(*, verbose: bool, live: LiveOutput | None = None) -> Any:
     """A callback printing each step as it finishes (from worker threads: rich's print is locked).
     With live output, the step's output was already streamed: its unfinished line is flushed first."""

@@ -20,7 +20,7 @@ def runs_group() -> None:
 @report_options("runs")
 @handle_errors
 def runs_list(state_dir: str | None, report: ReportChoice) -> None:
-    """List recorded runs, newest first.
+    """List recorded runs, oldest first.
 
     \b
     Example:
@@ -38,13 +38,22 @@ def runs_list(state_dir: str | None, report: ReportChoice) -> None:
 @report_options("run")
 @handle_errors
 def runs_show(run_id: str, state_dir: str | None, report: ReportChoice) -> None:
-    """Show one run: every target's steps, with their scripts' output.
+    """Show one run (RUN_ID, or `last` for the newest): every target's snapshot, if any, and its steps,
+    with their scripts' output.
 
     \b
-    Example:
+    Examples:
       fleetfix runs show 20261202T120000Z-1a2b3c
+      fleetfix runs show last
     """
+    from fleetfix.errors import ConfigError
     from fleetfix.paths import default_state_dir
-    from fleetfix.playbook.records import load_run
+    from fleetfix.playbook.records import list_runs, load_run
 
-    report.emit(load_run(state_dir or default_state_dir(), run_id))
+    directory = state_dir or default_state_dir()
+    if run_id == "last":  # run ids start with their UTC start time: the last in order is the newest
+        runs = list_runs(directory)
+        if not runs:
+            raise ConfigError(f"no runs recorded in {directory}")
+        run_id = runs[-1].run_id
+    report.emit(load_run(directory, run_id))

@@ -16,6 +16,7 @@ from fleetfix.inventory.discovery import Discoverer
 from fleetfix.inventory.load import adhoc_targets, load_inventory, local_target, resolve_inventory_path
 from fleetfix.inventory.request import TargetRequest
 from fleetfix.inventory.select import select
+from fleetfix.secrets import mask_vars
 from fleetfix.target import Target
 
 
@@ -74,6 +75,6 @@ def target_json(target: Target) -> dict[str, Any]:
         **target.guest.to_json(),
         "tags": sorted(target.tags),
         "groups": sorted(target.groups),
-        "vars": dict(target.vars),
+        "vars": mask_vars(target.vars),  # secret-named vars masked, as in every output
         "source": target.source,
     }

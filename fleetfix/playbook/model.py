@@ -11,9 +11,9 @@ from __future__ import annotations
 import keyword
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from fleetfix.errors import ConfigError, PlaybookError
 from fleetfix.yamlsource import Loc, Locations
@@ -25,24 +25,36 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 EnvValue = str | int | float | bool
 
 
+def _bool_as_expression(value: Any) -> Any:
+    """`changed_when: false` is YAML's boolean, not the text "false": take it as the expression it means
+    (jinja2 reads `true`/`false` as its booleans), as any template that renders to a boolean would be."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value
+
+
+# when / until / changed_when: a jinja2 expression, or a YAML boolean standing for a constant one.
+Expression = Annotated[str, BeforeValidator(_bool_as_expression)]
+
+
 class Step(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1)
-    when: str | None = None  # jinja2 expression; false → skipped
+    when: Expression | None = None  # jinja2 expression; false → skipped
     check: str | None = None  # script; exit 0 = already in the desired state (must be read-only)
     apply: str | None = None  # script that makes the change
     verify: str | None = None  # script that must exit 0 after apply
     retries: int = Field(0, ge=0)  # extra apply attempts
     delay: float = Field(0.0, ge=0)  # seconds between apply attempts
-    until: str | None = None  # expression over `result` (the apply's); default: result.rc == 0
+    until: Expression | None = None  # expression over `result` (the apply's); default: result.rc == 0
     timeout: float | None = Field(None, gt=0)  # seconds, per script run
     # keep this step's result as registered.<name> ("register" in YAML; the attribute name would
     # shadow pydantic's BaseModel.register)
     register_as: str | None = Field(None, alias="register")
     env: dict[str, EnvValue] = Field(default_factory=dict)  # exported at the top of each script
     ignore_errors: bool = False
-    changed_when: str | None = None  # expression over `result`; false → the apply counts as no change
+    changed_when: Expression | None = None  # expression over `result`; false → the apply counts as no change
 
     @property
     def is_assertion(self) -> bool:

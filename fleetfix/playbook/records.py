@@ -11,7 +11,10 @@ fsync'ed before the call returns, so a crash loses at most the line being writte
     script-start  target, playbook, step, phase (check|apply|verify), attempt, script (rendered)
     script-end    target, playbook, step, phase, attempt, rc, stdout, stderr, duration, timed_out, error
     step          target, playbook, step, status, reason, rc, duration, ignored
-    target-end    target, status, reason, duration, counts
+    snapshot      target, guest, vmid, ctid, snapshot (name or null), ok, error, was_running / refused
+    snapshot-prune  target, guest, vmid, ctid, deleted, warnings
+    rollback      target, guest, vmid, ctid, snapshot, ok, error, start, duration
+    target-end    target, status, reason, duration, counts, snapshot (the outcome, or null)
     run-end       status, aborted, duration, recap
 
 Secrets: vars named like *password*, *secret* or *token* are masked in recorded vars, and their values
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from fleetfix.errors import ConfigError
+from fleetfix.playbook.snapshots import SnapshotOutcome
 from fleetfix.secrets import Redactor
 
 EVENTS_FILE = "events.jsonl"
@@ -145,6 +149,7 @@ class TargetRecord:
     facts: dict[str, Any] | None = None
     vars: dict[str, Any] | None = None
     steps: list[StepRecord] = field(default_factory=list)
+    snapshot: SnapshotOutcome | None = None  # taken, refused, pruned, rolled back (with --snapshot)
 
 
 @dataclass
@@ -269,8 +274,38 @@ def load_run(state_dir: str | Path, run_id: str) -> RunDetail:
             current.status, current.reason = str(event.get("status")), str(event.get("reason", ""))
             current.rc, current.duration = event.get("rc"), event.get("duration")
             current.ignored = bool(event.get("ignored"))
+        elif kind in ("snapshot", "snapshot-prune", "rollback"):
+            record = target(event.get("target"))
+            record.snapshot = _snapshot_event(record.snapshot or SnapshotOutcome(), kind, event)
         elif kind == "target-end":
             record = target(event.get("target"))
             record.status, record.reason = str(event.get("status")), str(event.get("reason", ""))
             record.duration = event.get("duration")
+            if isinstance(event.get("snapshot"), dict):  # the whole outcome, warnings included
+                record.snapshot = _snapshot_outcome(event["snapshot"])
     return RunDetail(summary=summary, targets=targets, events=events)
+
+
+def _snapshot_event(outcome: SnapshotOutcome, kind: str, event: dict[str, Any]) -> SnapshotOutcome:
+    """The snapshot events, one by one: a run killed before a target ended still shows the snapshot it
+    took (the way back is what matters most then)."""
+    if kind == "snapshot" and event.get("ok"):
+        outcome.name = str(event.get("snapshot"))
+    elif kind == "snapshot":
+        outcome.unavailable, outcome.refused = str(event.get("error")), bool(event.get("refused"))
+    elif kind == "snapshot-prune":
+        outcome.pruned = [str(name) for name in event.get("deleted") or ()]
+        outcome.warnings += [str(warning) for warning in event.get("warnings") or ()]
+    elif event.get("ok"):
+        outcome.rolled_back = True
+    else:
+        outcome.rollback_error = str(event.get("error"))
+    return outcome
+
+
+def _snapshot_outcome(data: dict[str, Any]) -> SnapshotOutcome:
+    return SnapshotOutcome(
+        name=data.get("name"), unavailable=data.get("unavailable"), refused=bool(data.get("refused")),
+        pruned=[str(name) for name in data.get("pruned") or ()], rolled_back=bool(data.get("rolled_back")),
+        rollback_error=data.get("rollback_error"), warnings=[str(w) for w in data.get("warnings") or ()],
+    )

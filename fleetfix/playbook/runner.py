@@ -465,7 +465,8 @@ def _record_step(recorder: Recorder, target: Target, result: StepResult,
 
 def _record_target_end(recorder: Recorder, run: TargetRun) -> None:
     recorder.event("target-end", target=run.target, status=run.status, reason=run.reason,
-                   duration=run.duration, counts=run.counts())
+                   duration=run.duration, counts=run.counts(),
+                   snapshot=run.snapshot.to_dict() if run.snapshot is not None else None)
 
 
 # --- the fleet -------------------------------------------------------------------------------------

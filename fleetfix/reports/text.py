@@ -7,7 +7,9 @@ says can style (or break) the terminal.
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Mapping, Sequence
 from functools import singledispatch
 from typing import Any
 
@@ -24,6 +26,7 @@ from fleetfix.playbook.records import RunDetail, RunList
 from fleetfix.playbook.runner import PlaybookRun
 from fleetfix.probe.run import ProbeRun, TargetReport
 from fleetfix.reports.console import SEVERITY_STYLE, STATUS_STYLE, page, page_text, print_table
+from fleetfix.secrets import mask_vars
 
 
 def render_text(run: Any, **options: Any) -> str:
@@ -40,13 +43,14 @@ def show(run: Any, out: Console, **options: Any) -> None:
 
 @show.register
 def _targets(resolution: Resolution, out: Console, **options: Any) -> None:
-    table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "SOURCE", box=None, pad_edge=False)
+    table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "VARS", "SOURCE", box=None,
+                  pad_edge=False)
     for t in resolution.targets:
         ssh = t.node.ssh
         address = f"{ssh.user}@{ssh.address}:{ssh.port}" if ssh else "(local)"
         table.add_row(*(escape(cell) for cell in (
             t.name, t.node.name, address, str(t.guest.id or "-"), ",".join(sorted(t.tags)),
-            ",".join(sorted(t.groups)), t.source,
+            ",".join(sorted(t.groups)), _vars_cell(t.vars), t.source,
         )))
     print_table(table, out)
     for label, reason in resolution.skipped:
@@ -55,20 +59,35 @@ def _targets(resolution: Resolution, out: Console, **options: Any) -> None:
     out.print(f"{len(resolution.targets)} target(s){skipped}")
 
 
+def _vars_cell(variables: Mapping[str, Any]) -> str:
+    """A target's resolved vars, one `name=value` a line (strings as written, the rest as JSON), with
+    secret-named vars masked: a listing is pasted into tickets and chats."""
+    lines = []
+    for name, value in mask_vars(variables).items():
+        shown = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+        lines.append(f"{name}={shown}")
+    return "\n".join(lines) or "-"
+
+
 @show.register
-def _exec(run: ExecRun, out: Console, **options: Any) -> None:
-    """Each target's header and stdout (its stderr was streamed live as it came)."""
+def _exec(run: ExecRun, out: Console, *,
+          transcripts: Mapping[str, Sequence[tuple[str, str]]] | None = None, **options: Any) -> None:
+    """Each target's header, then its stdout (its stderr was streamed live as it came), or, given its
+    transcript (on a terminal), everything it printed, in order."""
     for outcome in run.outcomes:
         result = outcome.value
         if result is None:
             message = outcome.error.with_hint() if outcome.error else outcome.status
             out.print(f"[bold]== {escape(outcome.target.name)}[/] [red]{outcome.status}[/]: "
                       f"{escape(message)}")
-            continue
-        state = "timed out" if result.timed_out else f"exit {result.exit_code}"
-        colour = "green" if result.ok else "red"
-        out.print(f"[bold]== {escape(outcome.target.name)}[/] [{colour}]{state}[/]")
-        if result.stdout:  # as the command wrote it: the user pipes this
+        else:
+            state = "timed out" if result.timed_out else f"exit {result.exit_code}"
+            colour = "green" if result.ok else "red"
+            out.print(f"[bold]== {escape(outcome.target.name)}[/] [{colour}]{state}[/]")
+        if transcripts is not None:
+            # As the command wrote it (stderr too: it is one screen), never as markup.
+            out.file.write("".join(line + "\n" for _, line in transcripts.get(outcome.target.name, ())))
+        elif result is not None and result.stdout:  # as the command wrote it: the user pipes this
             out.file.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
 
 
@@ -192,6 +211,13 @@ def _run_detail(detail: RunDetail, out: Console, **options: Any) -> None:
     for record in detail.targets.values():
         out.print(f"\n[bold]== {escape(record.name)}[/] "
                   f"[{STATUS_STYLE.get(record.status, '')}]{record.status}[/] {escape(record.reason)}")
+        if record.snapshot is not None:  # the way back comes before the steps that made it needed
+            if record.snapshot.note():
+                out.print(f"  {escape(record.snapshot.note())}")
+            if record.snapshot.pruned:
+                out.print(f"  pruned {escape(', '.join(record.snapshot.pruned))}")
+            for warning in record.snapshot.warnings:
+                out.print(f"  [yellow]warning[/] {escape(warning)}")
         for step in record.steps:
             out.print(f"  [{STATUS_STYLE.get(step.status, '')}]{step.status:<12}[/] {escape(step.name)}"
                       + (f" — {escape(step.reason)}" if step.reason else ""))

@@ -84,7 +84,8 @@ def test_audit_remediate_fixes_the_problem_case_and_check_changes_nothing(
     assert _codes(after["audit"], target) >= TOOLKIT_CODES  # what the audit itself found
     assert after["run"]["parent"] == after["audit"]["run"]["id"]
     assert after["remediation"]["reprobed"] and after["remediation"]["status"] == "changed"
-    assert [n for n in ct.config().snapshots if n.startswith("fleetfix-")], "--snapshot not passed on"
+    [snapshot] = [n for n in ct.config().snapshots if n.startswith("fleetfix-")]  # --snapshot passed on
+    assert [t["snapshot"] for t in after["remediation"]["targets"]] == [f"snapshot {snapshot}"]
     resolved = {c["code"] for c in after["drift"]["resolved_findings"]}
     assert resolved >= TOOLKIT_CODES
     assert "remediation of run" in html.read_text()
@@ -100,7 +101,11 @@ def test_audit_remediate_fixes_the_problem_case_and_check_changes_nothing(
     [health_after] = [t["health"] for t in after["targets"]]
     assert health_after in ("healthy", "info", "warning")  # fleetfix's other advice may remain
     assert shown.exit_code == 0, shown.stderr
-    assert re.search(rf"apply changed +error -> {health_after}", shown.stdout), shown.stdout
+    assert re.search(rf"apply changed +error -> {health_after} .*; snapshot {snapshot}$", shown.stdout,
+                     re.MULTILINE), shown.stdout
+    # docs/audit.md: `runs show` of the remediation's apply run shows it, "snapshots included".
+    apply_run = run_cli("runs", "show", after["remediation"]["apply_run"], "--state-dir", str(state))
+    assert f"\n== {target} changed" in apply_run.stdout and f"\n  snapshot {snapshot}\n" in apply_run.stdout
 
     # Text output, as cron mails it: the audit's report, then the remediation's.
     again = run_cli(*audit)

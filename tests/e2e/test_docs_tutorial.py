@@ -1,7 +1,8 @@
-"""The docs cannot rot: every `$ fleetfix ...` command in the README, the quickstart and the tutorial is run
-against a fresh lab (the same one `scripts/lab.sh up` starts), in order, and its key lines are compared.
+"""The docs cannot rot: every `$ fleetfix ...` command in a console block of README.md and docs/*.md is run
+against a fresh lab (the same one `scripts/lab.sh up` starts), in order, one lab per document, and its key
+lines are compared.
 
-The convention, inside ```console blocks only:
+The convention, inside ```console blocks only (a console block is runnable against the lab as written):
 
     $ fleetfix probe -i $LAB_INVENTORY --limit train-a        # exit 3
     == train-a error (0.89s)
@@ -16,6 +17,8 @@ The convention, inside ```console blocks only:
   run (timings, run ids, ports) and are not compared.
 * A console block right after the line `<!-- opt-in: VAR -->` runs only when the environment has VAR=1
   (the full causal-conv1d build: ~1.5 h on 2 cores); its output was pasted from such a run.
+* Every other block that runs fleetfix is a template for a real fleet and says so on the line before it:
+  `<!-- template: why -->` (tests/unit/test_readme.py holds every document to that).
 * The tutorial runs against a lab started with `--real-torch` (its train-cu130 container compiles a real
   CUDA extension), the other docs against the plain lab.
 * `$LAB_INVENTORY` and `$REPO_BASE` stand for the lab's inventory path and cuda_repo_base, in commands
@@ -43,11 +46,12 @@ from tests.lab.cli import RunningLab, build_lab, prerequisite_problems
 
 REPO = Path(__file__).resolve().parents[2]
 TUTORIAL = "docs/tutorial-missing-toolkit.md"
-CHECKED_DOCS = ("README.md", "docs/quickstart.md", TUTORIAL)
+DOCS = ("README.md", *sorted(f"docs/{path.name}" for path in (REPO / "docs").glob("*.md")))
 CHECKED_MARK = "# checked"
 EXIT_COMMENT = re.compile(r"\s+#\s*exit\s+(\d+)\s*$")
 FENCE = re.compile(r"^```(\S*)\s*$")
 OPT_IN = re.compile(r"^<!--\s*opt-in:\s*([A-Z0-9_]+)\s*-->\s*$")
+TEMPLATE = re.compile(r"^<!--\s*template:\s*\S.*-->\s*$")
 
 
 @dataclass
@@ -101,6 +105,10 @@ def console_commands(doc: str, text: str) -> list[DocCommand]:
 
 def doc_commands(doc: str) -> list[DocCommand]:
     return [c for c in console_commands(doc, (REPO / doc).read_text()) if c.is_fleetfix]
+
+
+# Every document with a runnable fleetfix command: each is run against its own fresh lab.
+CHECKED_DOCS = tuple(doc for doc in DOCS if doc_commands(doc))
 
 
 @contextlib.contextmanager

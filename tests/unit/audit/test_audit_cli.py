@@ -92,13 +92,18 @@ def test_unreachable_target_exits_4_and_is_recorded(tmp_path: Path) -> None:
     assert run.status == "complete" and run.unreachable_count == 1
 
 
-def test_schedule_dry_run_and_cron(tmp_path: Path) -> None:
-    code, out, _ = invoke("schedule", "install", "--dry-run", "--unit-dir", str(tmp_path), "--",
-                          "-i", "/etc/fleetfix/inventory.yaml", "--json")
+def test_schedule_dry_run_and_cron(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text("nodes: [{name: pve1, address: 10.1.2.6}]\n")
+    units = tmp_path / "units"
+    code, out, _ = invoke("schedule", "install", "--dry-run", "--unit-dir", str(units), "--",
+                          "-i", str(inventory), "--json")
     assert code == 0 and "[Timer]" in out and "ExecStart=" in out and "--json" in out
-    assert list(tmp_path.iterdir()) == []  # dry run wrote nothing
+    assert not units.exists()  # dry run wrote nothing
+    monkeypatch.chdir(tmp_path)  # ./inventory.yaml, the audit's default
     code, out, _ = invoke("schedule", "install", "--cron", "--at", "04:15", "--", "--limit", "tag:gpu")
     assert code == 0 and out.startswith("15 4 * * * ")
+    assert f"--inventory {inventory}" in out  # named: cron would not start in this folder
 
 
 def test_schedule_refuses_audit_options_that_do_not_parse(tmp_path: Path) -> None:
@@ -125,3 +130,35 @@ def test_remediate_options_are_checked_before_anything_is_probed(
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1, err
     with AuditStore(db) as store:
         assert store.runs() == []
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as sock:  # a loopback port with nothing listening
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_a_second_audit_of_the_same_history_exits_instead_of_interleaving(
+    tmp_path: Path, closed_port: int,
+) -> None:
+    """The guard docs/audit.md states: one audit per history at a time (a flock on `<db>.lock`); a cron
+    line firing while last night's audit still hangs exits 1 at once, recording nothing."""
+    from fleetfix.audit.lock import exclusive_audit
+
+    db = tmp_path / "audit.db"
+    audit = ("audit", "--db", str(db), "--host", "127.0.0.1", "--port", str(closed_port),
+             "--connect-timeout", "2")
+    with exclusive_audit(db):  # the running audit (a lock is per open file: this process counts)
+        code, out, err = invoke(*audit)
+        assert code == 1 and out == ""
+        assert err.startswith(f"fleetfix: error: {db}: another audit of this history is running (pid ")
+        assert "TimeoutStartSec=" in err  # the hint
+        assert invoke("audit", "history", "--db", str(db))[0] == 0  # readers take no lock
+    with AuditStore(db) as store:
+        assert store.runs() == []
+    code, _, _ = invoke(*audit)  # released with the holder: the next audit runs
+    assert code == 4
+    with AuditStore(db) as store:
+        assert len(store.runs()) == 1

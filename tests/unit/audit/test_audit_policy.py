@@ -56,6 +56,9 @@ def test_later_rules_win_and_extensions_add_up(tmp_path: Path) -> None:
     ("severity:\n  NOT_A_CODE: error\n", r"policy.yaml:1: severity: Value error, unknown finding code"),
     ("severity:\n  DPKG_INTERRUPTED: fatal\n", r"policy.yaml:2: severity.DPKG_INTERRUPTED: Input should be"),
     ("rules:\n  - match: {groups: [a]}\n    colour: red\n", r"policy.yaml:3: rules.0.colour: unknown field"),
+    ("rules:\n  - mach: {groups: [a]}\n",
+     r"policy.yaml:2: rules.0.mach: unknown field \(did you mean 'match'\?\)"),
+    ("severty: {}\n", r"policy.yaml:1: severty: unknown field \(did you mean 'severity'\?\)"),
     ("rules:\n  - severity: {}\n", r"policy.yaml:2: rules.0.match: Field required"),
     ("required_extensions: [flash-attn]\n", r"policy.yaml:1: required_extensions: .*importable"),
     ("- a\n- b\n", r"policy.yaml: a policy is a mapping"),
@@ -180,3 +183,11 @@ def test_evaluate_keeps_the_node_facts_for_the_version_matrix_but_not_in_json() 
     assert result.node_facts is not None and result.node_facts["kernel_module_version"] == "570.124.06"
     assert "node_facts" not in result.to_json()  # the JSON report keeps its shape
     assert evaluate(DEFAULT_POLICY, TargetReport(make_target("pve1", 201), "unreachable")).node_facts is None
+
+
+def test_the_example_policy_loads() -> None:
+    """policy.example.yaml, the commented policy the docs run against the lab."""
+    policy = load_policy(Path(__file__).resolve().parents[3] / "policy.example.yaml")
+    assert policy.severity == {"GPU_NOT_VISIBLE": "ignore"}
+    assert policy.required_extensions == ["causal_conv1d"]
+    assert policy.levels_for(frozenset(), frozenset({"training"}), "t")["EXTENSION_MISSING"] == "error"

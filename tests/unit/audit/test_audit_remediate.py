@@ -14,6 +14,7 @@ from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, load_audit, rem
 from fleetfix.audit.remediate import NOT_RUN, NOTHING_TO_DO
 from fleetfix.audit.report import json_report, remediation_report, text_report
 from fleetfix.errors import TemplateError
+from fleetfix.playbook.snapshots import SnapshotOutcome
 from fleetfix.target import Target
 
 TOOLKIT = "CUDA_RUNTIME_WITHOUT_TOOLKIT"
@@ -24,6 +25,7 @@ class FakeTargetRun:
     target: str
     status: str
     reason: str = ""
+    snapshot: SnapshotOutcome | None = None
 
 
 @dataclass
@@ -43,6 +45,7 @@ class FakeApply:
     status: str = "changed"
     error: Exception | None = None
     skip: set[str] = field(default_factory=set)  # targets the run never reached (max-fail)
+    snapshot: str | None = None  # the snapshot each target got (apply --snapshot)
     calls: list[list[str]] = field(default_factory=list)
 
     def __call__(self, targets: Sequence[Target]) -> FakePlaybookRun:
@@ -54,7 +57,8 @@ class FakeApply:
             if self.fixes and self.error is None:
                 assert target.guest.id is not None
                 self.world.cts[target.guest.id] = "healthy"
-            runs.append(FakeTargetRun(target.name, self.status, "because"))
+            outcome = SnapshotOutcome(name=self.snapshot) if self.snapshot else None
+            runs.append(FakeTargetRun(target.name, self.status, "because", outcome))
         return FakePlaybookRun(runs, "aborted" if self.error else self.status, error=self.error)
 
 
@@ -111,6 +115,21 @@ def test_remediation_is_stored_and_the_next_audit_uses_the_reprobe_as_baseline(s
     with world.fleet() as fleet:
         nightly = run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store)
     assert nightly.drift.baseline == after.info.id and nightly.drift.empty
+
+
+def test_the_snapshot_taken_before_remediating_is_in_the_report_and_the_history(store: AuditStore) -> None:
+    """docs/audit.md: the remediation's report says which snapshot each target got (the way back)."""
+    world = FakeWorld({200: "problem_case"})
+    _, after = audit_then_remediate(store, world, [make_target("pve1", 200)],
+                                    FakeApply(world, snapshot="fleetfix-20261202-114613"))
+    assert after.remediation is not None
+    assert after.remediation.targets[0].snapshot == "snapshot fleetfix-20261202-114613"
+    [line] = [line for line in remediation_report(after).splitlines() if line.startswith("  pve1/200")]
+    assert line.endswith("(was: CUDA_RUNTIME_WITHOUT_TOOLKIT, NVIDIA_REPO_NOT_CONFIGURED); "
+                         "snapshot fleetfix-20261202-114613"), line
+    shown = load_audit(store, after.info.id)  # `audit show` reads it back from the history
+    assert "snapshot fleetfix-20261202-114613" in text_report(shown)
+    assert json_report(shown)["remediation"]["targets"][0]["snapshot"] == "snapshot fleetfix-20261202-114613"
 
 
 def test_check_mode_changes_nothing_and_records_the_plan_on_the_audit_run(store: AuditStore) -> None:

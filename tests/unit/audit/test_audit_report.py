@@ -12,9 +12,24 @@ from pathlib import Path
 import pytest
 from audit_testkit import FakeWorld, edited, finding, interrupt_dpkg, make_target
 
-from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, TargetResult, load_audit, run_audit
+from fleetfix.audit import (
+    DEFAULT_POLICY,
+    AuditRun,
+    AuditStore,
+    Policy,
+    TargetResult,
+    load_audit,
+    run_audit,
+)
 from fleetfix.audit.model import ALL_CODES as CODES  # the probe's codes and the audit's own
-from fleetfix.audit.report import html_report, json_report, junit_report, prometheus_report, write_atomic
+from fleetfix.audit.report import (
+    html_report,
+    json_report,
+    junit_report,
+    prometheus_report,
+    text_report,
+    write_atomic,
+)
 
 
 @pytest.fixture
@@ -95,6 +110,49 @@ def test_junit_has_a_testcase_per_target_and_check(audit: AuditRun) -> None:
     assert stopped.find("testcase[@name='reachable']/error") is not None
     assert len(stopped.findall("testcase/skipped")) == len(CODES)
     assert int(root.get("failures", "")) == sum(int(s.get("failures", "")) for s in suites.values())
+
+
+def test_a_code_the_policy_ignores_follows_one_rule_in_every_format(tmp_path: Path) -> None:
+    """Ignored is not a finding (no health, exit code or metric) and every report names it as ignored:
+    the terminal on the target's line and in an "N ignored" total, JSON in `ignored`, HTML as "Ignored by
+    policy", JUnit as a skipped testcase."""
+    world = FakeWorld({200: "problem_case", 201: "healthy"})
+    targets = [make_target("pve1", n) for n in (200, 201)]
+    policy = Policy(severity={"EXTENSION_MISSING": "ignore"})
+    with AuditStore(tmp_path / "a.db") as store, world.fleet() as fleet:
+        run = run_audit(fleet, targets, policy=policy, store=store)
+    [result, _] = run.targets
+    assert result.ignored == ("EXTENSION_MISSING",)
+    assert "EXTENSION_MISSING" not in [f.code for f in result.findings]
+
+    text = text_report(run, verbose=True)
+    [line] = [line for line in text.splitlines() if line.startswith("pve1/200 ")]
+    assert line.endswith("; ignored: EXTENSION_MISSING"), line
+    assert text.rstrip().endswith("; 1 ignored by policy")
+    assert "EXTENSION_MISSING:" not in text  # not listed as a finding, with its fix
+
+    data = json.loads(json.dumps(json_report(run)))
+    assert data["targets"][0]["ignored"] == ["EXTENSION_MISSING"]
+    assert "EXTENSION_MISSING" not in [f["code"] for f in data["targets"][0]["findings"]]
+
+    assert re.search(r"Ignored by policy: [^<]*EXTENSION_MISSING", html_report(run))
+
+    root = ET.fromstring(junit_report(run).split("\n", 1)[1])
+    case = root.find("testsuite[@name='pve1/200']/testcase[@name='EXTENSION_MISSING']")
+    assert case is not None and [child.tag for child in case] == ["skipped"]
+    assert case[0].get("message") == "ignored by policy"
+
+    assert 'fleetfix_audit_findings{code="EXTENSION_MISSING"} 0\n' in prometheus_report(run)
+
+
+def test_terminal_line_of_a_target_with_only_ignored_codes_or_an_error() -> None:
+    from fleetfix.audit.report import _target_cell
+
+    assert _target_cell(TargetResult("t", "n", 1, "ok", ignored=("GPU_NOT_VISIBLE",))) == \
+        "ignored: GPU_NOT_VISIBLE"
+    assert _target_cell(TargetResult("t", "n", 1, "ok")) == "-"
+    assert _target_cell(TargetResult("t", "n", 1, "unreachable", error="refused",
+                                     ignored=("STALE_AUDIT",))) == "refused; ignored: STALE_AUDIT"
 
 
 SAMPLE = re.compile(

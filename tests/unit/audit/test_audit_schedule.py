@@ -9,10 +9,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import click
 import pytest
+from click.testing import CliRunner
 
 from fleetfix.audit import schedule
 from fleetfix.audit.schedule import ScheduleSpec, systemd_quote
+from fleetfix.cli import main
+from fleetfix.cli.audit import audit_group
+from fleetfix.cli.schedule import INPUT_FILES, OUTPUT_DIRS, OUTPUT_FILES, pin_audit_args
 from fleetfix.errors import ConfigError
 
 NASTY = ["-i", "/etc/fleet fix/inv.yaml", "--limit", "tag:gpu,!pve1/1*", "--html", "/srv/r_100%_$HOME.html",
@@ -77,14 +82,38 @@ def test_exec_start_round_trips_every_word() -> None:
 
 
 def test_cron_line_is_sh_words_with_percent_escaped() -> None:
-    line = schedule.cron_line(spec(randomized_delay="0"))
+    line = schedule.cron_line(spec(randomized_delay="0", working_directory="/srv/fleet 100%"))
     assert line.startswith("0 3 * * * ")
     command = line.removeprefix("0 3 * * * ")
     assert "%" not in command.replace("\\%", "")
     words = shlex.split(command.replace("\\%", "%"))
-    assert words == ["FLEETFIX_AUDIT_DB=/var/lib/fleetfix/a.db", sys.executable, "-m", "fleetfix", "audit",
-                     *NASTY]
+    assert words == ["cd", "/srv/fleet 100%", "&&", "FLEETFIX_AUDIT_DB=/var/lib/fleetfix/a.db",
+                     "timeout", "--kill-after=60", "10800", sys.executable, "-m", "fleetfix", "audit", *NASTY]
     assert "sleep $((" in schedule.cron_line(spec())
+
+
+def test_the_unit_runs_where_it_was_installed_and_is_stopped_after_its_timeout() -> None:
+    service = schedule.service_unit(spec(working_directory="/srv/fleet 100%", timeout="90min"))
+    assert "WorkingDirectory=/srv/fleet 100%%\n" in service  # one value; only % is special there
+    assert "TimeoutStartSec=90min\n" in service
+    assert " 5400 " in schedule.cron_line(spec(timeout="90min"))
+    with pytest.raises(ConfigError, match="--timeout"):
+        spec(timeout="all night")
+
+
+def test_an_installed_service_reads_back_as_what_runs(tmp_path: Path) -> None:
+    built = spec(working_directory="/srv/fleet 100%")
+    schedule.install(built, tmp_path, None, detect=False)
+    service = schedule.installed_service("fleetfix-audit", tmp_path)
+    assert service is not None
+    assert service.argv == built.argv and service.audit_args == tuple(NASTY)
+    assert service.working_directory == "/srv/fleet 100%"
+    assert service.environment == {"FLEETFIX_AUDIT_DB": "/var/lib/fleetfix/a.db"}
+    assert service.timeout == "3h"
+    words = shlex.split(service.command_line())
+    assert words[:4] == ["cd", "/srv/fleet 100%", "&&", "FLEETFIX_AUDIT_DB=/var/lib/fleetfix/a.db"]
+    assert words[4:] == list(built.argv)
+    assert schedule.installed_service("other", tmp_path) is None
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -122,3 +151,94 @@ def test_install_without_systemd_writes_units_and_says_how_to_enable(tmp_path: P
     done = schedule.install(spec(), tmp_path, None, detect=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fleetfix-audit.service", "fleetfix-audit.timer"]
     assert "systemctl enable --now fleetfix-audit.timer" in done[-1]
+
+
+# ---------------------------------------------------------------- paths, as the night will see them
+
+
+def test_every_path_valued_audit_option_is_pinned_at_install() -> None:
+    """A new path option of `fleetfix audit` must say what has to exist at install time, or the nightly
+    run would get it relative to wherever systemd or cron starts it."""
+    paths = {param.name for param in audit_group.params if isinstance(param.type, click.Path)}
+    assert paths == set(INPUT_FILES) | set(OUTPUT_FILES) | set(OUTPUT_DIRS)
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder with what an audit reads, entered as a user would before `schedule install`."""
+    work = tmp_path / "work"
+    (work / "out").mkdir(parents=True)
+    (work / "inventory.yaml").write_text("nodes: [{name: pve1, address: 10.1.2.6}]\n")
+    (work / "policy.yaml").write_text("severity: {}\n")
+    (work / "book.yaml").write_text("name: b\nsteps: [{name: s, apply: 'true'}]\n")
+    (work / "key").write_text("")
+    monkeypatch.chdir(work)
+    monkeypatch.delenv("FLEETFIX_INVENTORY", raising=False)
+    monkeypatch.setenv("FLEETFIX_STATE_DIR", str(tmp_path / "state"))
+    return work
+
+
+def test_relative_paths_become_absolute_and_flags_and_values_survive(workdir: Path) -> None:
+    pinned = pin_audit_args(
+        ["-i", "inventory.yaml", "--policy", "./policy.yaml", "--db", "audit.db", "--html", "out/r.html",
+         "--junit=out/j.xml", "--prometheus", "out/m.prom", "--remediate", "book.yaml", "--check",
+         "--limit", "tag:x,!pve1/1*", "--var", "a=b", "--var", "c=d", "--deep", "--forks", "4"], workdir)
+    assert pinned == [
+        "--inventory", f"{workdir}/inventory.yaml", "--limit", "tag:x,!pve1/1*", "--forks", "4",
+        "--policy", f"{workdir}/policy.yaml", "--db", f"{workdir}/audit.db", "--deep",
+        "--html", f"{workdir}/out/r.html", "--junit", f"{workdir}/out/j.xml",
+        "--prometheus", f"{workdir}/out/m.prom", "--remediate", f"{workdir}/book.yaml",
+        "--var", "a=b", "--var", "c=d", "--check",
+        "--state-dir", str(workdir.parent / "state"),  # the run records, named: the unit has no env
+    ]
+
+
+def test_the_implicit_inventory_is_named(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert pin_audit_args([], workdir) == ["--inventory", f"{workdir}/inventory.yaml"]
+    other = workdir / "out" / "fleet.yaml"
+    other.write_text("nodes: [{name: pve1, address: 10.1.2.6}]\n")
+    monkeypatch.setenv("FLEETFIX_INVENTORY", str(other))  # the unit would not have this variable
+    assert pin_audit_args([], workdir) == ["--inventory", str(other)]
+    assert pin_audit_args(["--host", "10.1.2.6", "--identity", "key"], workdir) == [
+        "--host", "10.1.2.6", "--identity", f"{workdir}/key"]  # no inventory with --host
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--policy", "nope.yaml"], r"--policy \(policy\): .*/work/nope.yaml: no such file"),
+    (["--remediate", "missing.yaml"], r"--remediate \(playbook\): .*/missing.yaml: no such file"),
+    (["--html", "reports/r.html"], r"--html \(HTML report\): .*/reports/r.html: no such folder .*/reports"),
+    (["--prometheus", "out"], r"--prometheus.*'out' is a directory"),  # click's own check, also now
+    (["--db", "gone/a.db"], r"--db \(history database\): .*: no such folder"),
+    (["--remediate", "book.yaml", "--state-dir", "policy.yaml"], r"--state-dir.*'policy.yaml' is a file"),
+    (["--host", "10.1.2.6", "--identity", "id_nope"], r"--identity \(SSH key\): .*: no such file"),
+    (["--no-such-option"], r"audit options: .*--no-such-option"),
+])
+def test_what_would_fail_tonight_fails_now(workdir: Path, args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        pin_audit_args(args, workdir)
+
+
+def test_no_inventory_at_all_fails_at_install(workdir: Path) -> None:
+    (workdir / "inventory.yaml").unlink()
+    with pytest.raises(ConfigError, match="inventory file not found"):
+        pin_audit_args([], workdir)
+
+
+def test_schedule_show_prints_what_runs_and_what_would_fail(workdir: Path) -> None:
+    units = workdir / "units"
+    install = CliRunner().invoke(main, ["schedule", "install", "--unit-dir", str(units), "--",
+                                        "-i", "inventory.yaml", "--html", "out/r.html"])
+    assert install.exit_code == 0, install.output
+    shown = CliRunner().invoke(main, ["schedule", "show", "--unit-dir", str(units)])
+    assert shown.exit_code == 0, shown.output
+    lines = shown.stdout.splitlines()
+    assert lines[0] == f"# what runs (from {units}/fleetfix-audit.service):"
+    assert shlex.split(lines[1])[:3] == ["cd", str(workdir), "&&"]
+    assert shlex.split(lines[1])[-5:] == ["audit", "--inventory", f"{workdir}/inventory.yaml",
+                                         "--html", f"{workdir}/out/r.html"]
+    assert lines[2] == "# stopped after 3h (TimeoutStartSec=)"
+    assert "warning" not in shown.stdout and "[Timer]" in shown.stdout
+    (workdir / "inventory.yaml").unlink()
+    shown = CliRunner().invoke(main, ["schedule", "show", "--unit-dir", str(units)])
+    assert f"# warning: it would fail: audit option --inventory (inventory): {workdir}/inventory.yaml: " \
+           "no such file" in shown.stdout

@@ -25,6 +25,27 @@ def test_inventory_list_json_of_the_example() -> None:
     assert all(t["address"] and t["node"] for t in listing["targets"])
 
 
+def test_inventory_list_shows_vars_with_secret_named_ones_masked(tmp_path: Path) -> None:
+    inventory = tmp_path / "inv.yaml"
+    inventory.write_text(
+        "defaults:\n  vars: {python: python3, api_token: s3cr3t-value}\n"
+        "nodes:\n  - name: pve1\n    address: 10.1.2.6\n"
+        "    vars: {cuda_version: '12.8', opts: {db_password: hunter22, level: 3}}\n"
+        "    containers: [{ctid: 200, name: train-a}]\n")
+    code, out, _ = invoke("inventory", "list", "-i", str(inventory))
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert "VARS" in header.split()
+    cells = [row[header.index("VARS"):header.index("SOURCE")].strip() for row in rows[:4]]
+    assert cells == ["python=python3", "api_token=********", "cuda_version=12.8",
+                     'opts={"db_password": "********", "level": 3}']
+    code, out, _ = invoke("inventory", "list", "-i", str(inventory), "--json")
+    assert json.loads(out)["targets"][0]["vars"] == {
+        "python": "python3", "api_token": "********", "cuda_version": "12.8",
+        "opts": {"db_password": "********", "level": 3}}
+    assert "s3cr3t" not in out and "hunter22" not in out
+
+
 def test_bad_inventory_is_one_line_exit_2(tmp_path: Path) -> None:
     bad = tmp_path / "inv.yaml"
     bad.write_text("nodes:\n  - name: pve1\n    address: 10.1.2.6\n    prot: 22\n")
@@ -59,3 +80,16 @@ def test_forks_default_is_the_fleet_runners() -> None:
     for command in ("probe", "exec", "apply", "audit"):
         [forks] = [p for p in main.commands[command].params if p.name == "forks"]
         assert forks.default == DEFAULT_FORKS, command
+
+
+def test_runs_show_last_is_the_newest_run(tmp_path: Path) -> None:
+    from fleetfix.playbook.records import RunRecorder
+
+    for run_id, playbook in (("20261202T110000Z-aaaaaa", "older"), ("20261202T120000Z-000000", "newer")):
+        with RunRecorder(tmp_path, run_id=run_id) as recorder:
+            recorder.event("run-start", playbook=playbook, check=False, targets=[])
+            recorder.event("run-end", status="ok")
+    code, out, _ = invoke("runs", "show", "last", "--state-dir", str(tmp_path))
+    assert code == 0 and out.startswith("run 20261202T120000Z-000000 newer apply: ok")
+    code, _, err = invoke("runs", "show", "last", "--state-dir", str(tmp_path / "none"))
+    assert code == 2 and "no runs recorded" in err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import pty
 import socket
 import subprocess
 import sys
@@ -150,6 +151,56 @@ def test_exec_stderr_comes_before_the_stdout_it_preceded_when_both_go_to_one_pip
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 0
     assert out.splitlines() == ["b", "== local exit 0", "a", "c"]
+
+
+@pytest.mark.timeout(60)
+def test_exec_on_a_terminal_prints_the_header_first_then_what_the_target_printed_in_order() -> None:
+    """Streamed, stderr would land above the `== NAME exit N` header it belongs to (the header waits for
+    the exit status); on one screen the header comes first, then both streams in the order they came."""
+    leader, follower = pty.openpty()
+    env = {**{k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "COLUMNS")}, "NO_COLOR": "1"}
+    command = "echo a; echo b >&2; echo c; printf 'no newline' >&2"
+    process = subprocess.Popen([sys.executable, "-m", "fleetfix", "exec", "--local", "--", "sh", "-c",
+                                command], stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+                               env=env, cwd=REPO)
+    os.close(follower)
+    printed = b""
+    while True:
+        try:
+            chunk = os.read(leader, 4096)
+        except OSError:  # EIO: every writer of the terminal has gone
+            break
+        if not chunk:
+            break
+        printed += chunk
+    os.close(leader)
+    assert process.wait(timeout=30) == 0
+    header, *lines = printed.decode().replace("\r\n", "\n").splitlines()
+    assert header == "== local exit 0"
+    # Two pipes: which of them is read first is up to the scheduler, so only each stream's own order is
+    # certain here (the order across streams: test_exec_transcripts_go_under_each_targets_header).
+    assert sorted(lines) == ["a", "b", "c", "no newline"] and lines.index("a") < lines.index("c")
+
+
+def test_exec_transcripts_go_under_each_targets_header() -> None:
+    from fleetfix.cli.live import Transcripts
+    from fleetfix.command import ExecRun
+    from fleetfix.fleet import Outcome
+    from fleetfix.reports.text import render_text
+    from fleetfix.transport.base import CommandResult
+
+    transcripts = Transcripts(redact=lambda text: text.replace("s3cret", MASK))
+    one, two = (dataclasses.replace(local_target(), name=name) for name in ("one", "two"))
+    sink = transcripts.sink_for("one")
+    sink("stdout", b"out 1\nout ")
+    sink("stderr", b"err s3cret\n")
+    sink("stdout", b"2\n")
+    transcripts.sink_for("two")("stderr", b"tail without newline")
+    run = ExecRun([Outcome(one, "ok", CommandResult(0, "", "", 0.0)),
+                   Outcome(two, "ok", CommandResult(3, "", "", 0.0))])
+    text = render_text(run, transcripts=transcripts.lines())
+    assert text.splitlines() == ["== one exit 0", "out 1", f"err {MASK}", "out 2",
+                                 "== two exit 3", "tail without newline"]
 
 
 def test_exec_masks_secret_vars_in_streamed_stderr(monkeypatch: pytest.MonkeyPatch) -> None:

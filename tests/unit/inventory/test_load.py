@@ -62,6 +62,28 @@ def test_bad_fixtures_cover_the_required_cases() -> None:
     assert required <= {path.stem for path in BAD}
 
 
+@pytest.mark.parametrize(("text", "expected"), [
+    # a misspelt key alone: named first (not "nodes.0.address: Field required"), with the likely field
+    ("nodes:\n  - name: pve1\n    adress: 10.1.2.6\n",
+     "inv.yaml:3: nodes.0.adress: unknown field (did you mean 'address'?)"),
+    ("nodes:\n  - {name: pve1, address: 10.1.2.6, containers: [{ctid: 200, nmae: a}]}\n",
+     "inv.yaml:2: nodes.0.containers.0.nmae: unknown field (did you mean 'name'?)"),
+    ("defaults: {identity_fil: k}\nnodes: [{name: pve1, address: 10.1.2.6}]\n",
+     "inv.yaml:1: defaults.identity_fil: unknown field (did you mean 'identity_file'?)"),
+    ("nodes: [{name: pve1, address: 10.1.2.6}]\ngroups:\n  g: {targetz: [pve1]}\n",
+     "inv.yaml:3: groups.g.targetz: unknown field (did you mean 'targets'?)"),
+    ("proxmox:\n  - {name: c, via_ssh: pve1, filtre: {}}\n",
+     "inv.yaml:2: proxmox.0.filtre: unknown field (did you mean 'filter'?)"),
+    # nothing close: the fields it could have been
+    ("nodes: [{name: pve1, address: 10.1.2.6}]\ncolour: red\n",
+     "inv.yaml:2: colour: unknown field (expected one of: defaults, nodes, proxmox, groups)"),
+])
+def test_unknown_keys_are_named_first_with_a_suggestion(text: str, expected: str) -> None:
+    with pytest.raises(InventoryError) as caught:
+        parse_inventory(text, "inv.yaml")
+    assert str(caught.value) == expected
+
+
 def test_missing_file_is_one_line_inventory_error(tmp_path: Path) -> None:
     missing = tmp_path / "nope.yaml"
     with pytest.raises(InventoryError, match=r"^.*nope\.yaml: file not found$"):

@@ -45,7 +45,25 @@ def test_unknown_step_key_names_file_line_field(tmp_path: Path) -> None:
             check: "true"
             aply: touch x
         """, tmp_path)
-    assert message == f"{tmp_path / 'book.yaml'}:5: steps.0.aply: unknown field"
+    assert message == f"{tmp_path / 'book.yaml'}:5: steps.0.aply: unknown field (did you mean 'apply'?)"
+
+
+def test_a_misspelt_key_alone_is_named_before_the_field_it_leaves_missing(tmp_path: Path) -> None:
+    message = error_of("""\
+        nmae: demo
+        steps:
+          - name: a
+            apply: touch x
+        """, tmp_path)
+    assert message == f"{tmp_path / 'book.yaml'}:1: nmae: unknown field (did you mean 'name'?)"
+    message = error_of("""\
+        name: demo
+        steps:
+          - name: a
+            apply: touch x
+            registr: a
+        """, tmp_path)
+    assert message.endswith("steps.0.registr: unknown field (did you mean 'register'?)")
 
 
 def test_wrong_type_names_the_field(tmp_path: Path) -> None:

@@ -145,6 +145,21 @@ def test_changed_when_false_is_ok(tmp_path: Path, facts: dict[str, Any]) -> None
     assert quiet.steps[0].reason == "apply made no change (changed_when)"
 
 
+def test_yaml_booleans_are_accepted_where_a_boolean_expression_is(tmp_path: Path,
+                                                                  facts: dict[str, Any]) -> None:
+    """`changed_when: false` (YAML's boolean, not a string) means what it says, like `when` and `until`."""
+    book = playbook_from("name: b\nsteps:\n"
+                         "  - name: never\n    when: false\n    apply: NEVER\n"
+                         "  - name: quiet\n    when: true\n    apply: QUIET\n    changed_when: false\n"
+                         "  - name: once\n    apply: ONCE\n    retries: 3\n    until: true\n", tmp_path)
+    assert [(s.when, s.changed_when, s.until) for s in book.steps] == [
+        ("false", None, None), ("true", "false", None), (None, None, "true")]
+    run = run_one(book, FakeTransport().on("QUIET").on("ONCE", rc=1), facts, sleep=lambda _: None)
+    assert [(s.name, s.status) for s in run.steps] == [
+        ("never", "skipped"), ("quiet", "ok"), ("once", "failed")]
+    assert len(run.steps[2].runs) == 1  # until: true stops after the first attempt (its rc still counts)
+
+
 def test_ignore_errors_goes_on(tmp_path: Path, facts: dict[str, Any]) -> None:
     book = playbook_from("name: i\nsteps:\n  - name: bad\n    apply: BAD\n    ignore_errors: true\n"
                          "  - name: good\n    apply: GOOD\n", tmp_path)

@@ -172,6 +172,30 @@ def test_snapshot_is_taken_once_right_before_the_first_change(tmp_path: Path) ->
     assert target.to_dict()["snapshot"]["name"] == target.snapshot.name
 
 
+def test_runs_show_shows_the_snapshot_and_the_rollback(tmp_path: Path) -> None:
+    """`fleetfix runs show` (and `audit --remediate --snapshot`'s apply run, which is one) says which
+    snapshot each target got and whether it was rolled back: the way back is what a reader looks for."""
+    from fleetfix.reports.text import render_text
+
+    log: list[str] = []
+    result, _ = run(BOOK, tmp_path, make_target("ct101"), container(log, fail="TWO-VERIFY"), Node(log),
+                    SnapshotPolicy(take=True, rollback_on_failure=True))
+    detail = load_run(tmp_path / "state", result.run_id or "")
+    snapshot = detail.targets["ct101"].snapshot
+    assert snapshot is not None and snapshot == result.targets[0].snapshot
+    text = render_text(detail)
+    assert "\n== ct101 failed" in text and f"\n  rolled back to {snapshot.name}\n" in text
+    assert detail.to_json()["targets"]["ct101"]["snapshot"]["name"] == snapshot.name
+    # A run killed before the target ended still shows the snapshot it took.
+    events_path = tmp_path / "state" / "runs" / (result.run_id or "") / "events.jsonl"
+    lines = events_path.read_text().splitlines()
+    cut = next(i for i, line in enumerate(lines) if '"kind": "snapshot"' in line)
+    events_path.write_text("\n".join(lines[:cut + 1]) + "\n")
+    killed = load_run(tmp_path / "state", result.run_id or "")
+    assert killed.summary.status == "incomplete"
+    assert f"\n  snapshot {snapshot.name}\n" in render_text(killed)
+
+
 def test_nothing_to_change_or_check_mode_takes_no_snapshot(tmp_path: Path) -> None:
     log: list[str] = []
     node = Node(log)
