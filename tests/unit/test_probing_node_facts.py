@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from pathlib import Path
@@ -59,3 +60,36 @@ def test_node_facts_once_per_node_while_its_containers_are_probed() -> None:
     assert node.node_facts_waited_for_nothing, "container probes waited for the node facts"
     assert sorted(node.probed) == list(CTIDS)
     assert all(report.node is not None and report.node.hostname == "pve1" for report in reports)
+
+
+class VmNode:
+    """A node with one VM: answers `qm guest exec` with the probe's JSON in qm's format, and counts
+    anything else (node facts) it is asked to run."""
+
+    label = "pve1"
+
+    def __init__(self) -> None:
+        self.other_calls: list[tuple[str, ...]] = []
+
+    def connect(self, _settings: SSHSettings) -> VmNode:
+        return self
+
+    def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+                on_output: OutputSink | None = None) -> CommandResult:
+        if tuple(argv[:3]) == ("qm", "guest", "exec"):
+            status = {"exitcode": 0, "exited": 1, "out-data": HEALTHY}
+            return CommandResult(0, json.dumps(status), "", 0.0)
+        self.other_calls.append(tuple(argv))
+        return CommandResult(0, "fleetfix-node-facts 1\nhostname\tpve1\n", "", 0.0)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_vm_runs_its_own_kernel_so_node_facts_are_neither_gathered_nor_applied() -> None:
+    node = VmNode()
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    with Fleet(connect=node.connect) as fleet:
+        [report] = probe_targets(fleet, [Target("gpu-vm", ref, GuestRef.vm(300))])
+    assert report.status == "ok" and report.facts is not None
+    assert report.node is None and node.other_calls == []
