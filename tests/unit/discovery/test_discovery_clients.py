@@ -7,6 +7,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from fleetfix.inventory.discovery.clients import (
     node_addresses_from_status,
 )
 from fleetfix.inventory.discovery.discoverer import Discoverer
-from fleetfix.inventory.discovery.model import ProxmoxSource, SshAccess, TokenSecret
+from fleetfix.inventory.discovery.model import GuestFilter, ProxmoxSource, SshAccess, TokenSecret
 from fleetfix.target import NodeRef, SSHSettings
 from fleetfix.transport.base import CommandResult, OutputSink
 
@@ -37,7 +38,8 @@ def test_one_call_when_node_addresses_cover_every_node(secret_env: str) -> None:
     fake = FakeProxmox({"cluster/resources": RESOURCES})
     found = fetch_api_listing(api_source(node_addresses={"pve1": "127.0.0.5"}), api_factory=fake.factory)
     assert fake.calls == [("cluster/resources", {"type": "vm"})]
-    assert [c.vmid for c in found.containers] == [200, 201]
+    # Every guest of the cluster is in the listing, a qemu one as a VM; the filter decides later.
+    assert [(c.kind, c.vmid) for c in found.guests] == [("vm", 100), ("lxc", 200), ("lxc", 201)]
 
 
 def test_cluster_status_supplies_node_addresses_when_needed(secret_env: str) -> None:
@@ -204,12 +206,13 @@ def test_node_addresses_from_status_keeps_only_real_ips() -> None:
 
 
 class FakeNodeConnection:
-    """A node connection that answers pvesh, and records every argv it is asked to run."""
+    """A node connection that answers pvesh (`result` for the container index, `vms` for the VM index;
+    `result` for both when `vms` is not given), and records every argv it is asked to run."""
 
     label = "pve1"
 
-    def __init__(self, result: CommandResult) -> None:
-        self.result = result
+    def __init__(self, result: CommandResult, vms: CommandResult | None = None) -> None:
+        self.result, self.vms = result, vms
         self.argvs: list[tuple[str, ...]] = []
         self.closed = False
 
@@ -218,6 +221,8 @@ class FakeNodeConnection:
         on_output: OutputSink | None = None,
     ) -> CommandResult:
         self.argvs.append(tuple(argv))
+        if self.vms is not None and argv[2].endswith("/qemu"):
+            return self.vms
         return self.result
 
     def close(self) -> None:
@@ -241,7 +246,8 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
                 {"vmid": 201, "name": "x;$(touch /tmp/canary)", "status": "running", "type": "lxc"},
                 {"vmid": 202, "name": "off", "status": "stopped", "type": "lxc"},
             ]
-        )
+        ),
+        vms=pvesh_ok([{"vmid": 300, "name": "gpu-vm", "status": "running"}]),  # no "type" in this index
     )
     seen: list[SSHSettings] = []
 
@@ -253,12 +259,19 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
     assert source.ssh is not None
     with Fleet(connect=connect) as fleet:
         found = fetch_ssh_listing(source, fleet=fleet)
-    assert connection.argvs == [("pvesh", "get", "/nodes/pve1/lxc", "--output-format", "json")]
+    assert connection.argvs == [("pvesh", "get", "/nodes/pve1/lxc", "--output-format", "json"),
+                                ("pvesh", "get", "/nodes/pve1/qemu", "--output-format", "json")]
     assert seen == [source.ssh.node.ssh]  # the node's own settings: known_hosts policy and all
+    assert [(guest.kind, guest.vmid) for guest in found.guests] == [
+        ("lxc", 200), ("lxc", 201), ("lxc", 202), ("vm", 300)]
     result = Discoverer(fetch=lambda _: found).discover(source)
-    assert sorted(t.name for t in result.targets) == ["pve1/201", "train-a"]
+    assert sorted(t.name for t in result.targets) == ["pve1/201", "train-a"]  # VMs only when asked for
     assert all(t.node is source.ssh.node for t in result.targets)
     assert [label for label, _ in result.skipped] == ["pve1/202"]
+    with_vms = replace(source, filter=GuestFilter(kinds=("lxc", "vm")))
+    both = Discoverer(fetch=lambda _: found).discover(with_vms)
+    assert {t.name: (t.guest.kind, t.guest.id) for t in both.targets} == {
+        "train-a": ("lxc", 200), "pve1/201": ("lxc", 201), "gpu-vm": ("vm", 300)}
 
 
 @pytest.mark.parametrize(
