@@ -8,6 +8,8 @@ Fixtures:
     lab        session-scoped `Lab` with one node, "pve1", and no containers
     make_ct    function-scoped factory: make_ct(ctid=None, *, node=None, name=None, running=True, tags=(),
                setup=None, config=None) -> Container; every container it made is destroyed afterwards
+    make_vm    the same for VMs (tests/lab/vm.py): make_vm(vmid=None, *, node=None, name=None, running=True,
+               agent=True, agent_installed=True, tags=(), setup=None, config=None) -> VirtualMachine
     lab_factory function-scoped factory for a private Lab: lab_factory(nodes=2) -> Lab, closed afterwards
     stub_cache session-scoped directory for compiled test artefacts (torch_stub's extension module)
 """
@@ -28,6 +30,7 @@ import pytest
 
 from tests.lab.bed import Lab
 from tests.lab.container import Container
+from tests.lab.vm import VirtualMachine
 
 E2E_DIR = (Path(__file__).parent / "e2e").resolve()
 
@@ -112,8 +115,8 @@ def make_ct(lab: Lab) -> Iterator[Callable[..., Container]]:
     fresh_ids = itertools.count(300)
 
     def factory(ctid: int | None = None, *, node: str | None = None, **options: Any) -> Container:
-        if ctid is None:
-            ctid = next(ctid for ctid in fresh_ids if not lab.node(node).container(ctid).exists())
+        if ctid is None:  # containers and VMs share one id space per node
+            ctid = next(ctid for ctid in fresh_ids if lab.node(node).state.id_owner(ctid) is None)
         ct = lab.add_container(node, ctid, **options)
         made.append(ct)
         return ct
@@ -121,6 +124,23 @@ def make_ct(lab: Lab) -> Iterator[Callable[..., Container]]:
     yield factory
     for ct in made:
         ct.destroy()
+
+
+@pytest.fixture
+def make_vm(lab: Lab) -> Iterator[Callable[..., VirtualMachine]]:
+    made: list[VirtualMachine] = []
+    fresh_ids = itertools.count(700)
+
+    def factory(vmid: int | None = None, *, node: str | None = None, **options: Any) -> VirtualMachine:
+        if vmid is None:
+            vmid = next(vmid for vmid in fresh_ids if lab.node(node).state.id_owner(vmid) is None)
+        machine = lab.add_vm(node, vmid, **options)
+        made.append(machine)
+        return machine
+
+    yield factory
+    for machine in made:
+        machine.destroy()
 
 
 @pytest.fixture

@@ -9,17 +9,17 @@ A new kind: a module implementing `base.Guest`, and its line here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from fleetfix.guests.base import Guest, GuestStatus
 from fleetfix.guests.lxc import LxcGuest
 from fleetfix.guests.node import NodeGuest
+from fleetfix.guests.vm import VmGuest
 from fleetfix.target import Target
 from fleetfix.transport.base import Transport
 
-GUEST_KINDS: dict[str, Callable[[Target, Transport], Guest]] = {
+GUEST_KINDS: dict[str, type[Guest]] = {
     "node": NodeGuest,
     "lxc": LxcGuest,
+    "vm": VmGuest,
 }
 
 
@@ -32,4 +32,9 @@ def open_guest(target: Target, node: Transport) -> Guest:
     return make(target, node)
 
 
-__all__ = ["GUEST_KINDS", "Guest", "GuestStatus", "open_guest"]
+def pve_types() -> dict[str, str]:
+    """Proxmox's guest type -> fleetfix's kind ({"lxc": "lxc", "qemu": "vm"}), for discovery."""
+    return {driver.pve_type: kind for kind, driver in GUEST_KINDS.items() if driver.pve_type is not None}
+
+
+__all__ = ["GUEST_KINDS", "Guest", "GuestStatus", "open_guest", "pve_types"]

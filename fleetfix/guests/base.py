@@ -26,7 +26,15 @@ class Guest(Protocol):
     tool: ClassVar[str]  # the node's command that manages this kind ("pct", "qm"), for messages
     # Why this kind cannot be snapshotted (None: it can). Said in the recap when a change is refused.
     no_snapshots: ClassVar[str | None]
+    # How Proxmox names this kind: the `type` of /cluster/resources entries and the /nodes/N/<type> index
+    # that lists them ("lxc", "qemu"); None for a kind Proxmox does not list (the node itself).
+    pve_type: ClassVar[str | None]
+    # Whether the guest runs on its node's kernel (so the node's NVIDIA kernel module is the one its
+    # driver libraries must match). A VM has its own kernel and, with passthrough, its own driver.
+    shares_node_kernel: ClassVar[bool]
     target: Target
+
+    def __init__(self, target: Target, node: Transport) -> None: ...
 
     def transport(self) -> Transport:
         """Runs commands inside the guest."""
@@ -61,14 +69,19 @@ def parse_snapshot_tree(text: str) -> list[str]:
 class ProxmoxGuest:
     """What `pct` and `qm` share on the node: status and the snapshot commands, by the guest's integer id.
 
-    pve-container's `pct` and qemu-server's `qm` take the same arguments for these (docs/DOMAIN.md 5.2,
-    docs/findings.md for `qm`): `TOOL status ID`, `TOOL snapshot ID NAME [--description D]`,
-    `TOOL listsnapshot ID`, `TOOL delsnapshot ID NAME`, `TOOL rollback ID NAME [--start 1]`.
+    pve-container's `pct` and qemu-server's `qm` take the same arguments for these (docs/DOMAIN.md 5.2;
+    for `qm`: qemu-server `src/PVE/CLI/qm.pm` and `PVE/API2/Qemu.pm`, docs/findings.md "Proxmox VMs"):
+    `TOOL status ID` (`status: running|stopped`; qm prints QMP's run state, so a paused VM is "unknown"
+    here), `TOOL snapshot ID NAME [--description D]`, `TOOL listsnapshot ID` (both print with
+    pve-guest-common's `print_snapshot_tree`), `TOOL delsnapshot ID NAME`, `TOOL rollback ID NAME
+    [--start 1]` (a rollback stops a running guest first; qm has `--start` since qemu-server 7.3).
     """
 
     kind: ClassVar[str]
     tool: ClassVar[str]  # "pct" | "qm"
     no_snapshots: ClassVar[str | None] = None
+    pve_type: ClassVar[str | None]
+    shares_node_kernel: ClassVar[bool]
 
     def __init__(self, target: Target, node: Transport, *, timeout: float = DEFAULT_GUEST_TIMEOUT) -> None:
         guest_id = target.guest.id

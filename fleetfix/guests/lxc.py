@@ -104,6 +104,8 @@ class PctTransport:
 class LxcGuest(ProxmoxGuest):
     kind: ClassVar[str] = "lxc"
     tool: ClassVar[str] = "pct"
+    pve_type: ClassVar[str | None] = "lxc"
+    shares_node_kernel: ClassVar[bool] = True
 
     def transport(self) -> Transport:
         return PctTransport(self.node, self.id, node_name=self.target.node.name, label=self.target.name)

@@ -13,6 +13,8 @@ class NodeGuest:
     kind: ClassVar[str] = "node"
     tool: ClassVar[str] = "node"
     no_snapshots: ClassVar[str | None] = "a node is not a guest and cannot be snapshotted"
+    pve_type: ClassVar[str | None] = None
+    shares_node_kernel: ClassVar[bool] = True
 
     def __init__(self, target: Target, node: Transport) -> None:
         self.target, self.node = target, node

@@ -1,13 +1,14 @@
-"""The inventory: a YAML file of Proxmox nodes, their containers, groups and vars -> a list of Targets.
+"""The inventory: a YAML file of Proxmox nodes, their containers and VMs, groups and vars -> a list of
+Targets.
 
 Everything is resolved once, here: SSH settings (defaults -> node), vars (defaults -> groups in definition
-order -> node -> container), group membership, `~` and relative paths. Every problem is one line,
+order -> node -> container or VM), group membership, `~` and relative paths. Every problem is one line,
 `file:line: field.path: what was expected`, raised as InventoryError. docs/inventory.md is the user's
 reference for the format; keep the two in step.
 
 `proxmox:` entries are sources of targets found at load time (fleetfix.inventory.discovery): the file is
 checked first, then each source is discovered, then groups and vars are resolved over static and discovered
-targets alike. Discovered containers that are not targets (stopped, say) are kept in `Inventory.skipped`.
+targets alike. Discovered guests that are not targets (stopped, say) are kept in `Inventory.skipped`.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from urllib.parse import urlsplit
 from fleetfix.errors import ConfigError, InventoryError, InventoryNotFoundError
 from fleetfix.inventory.discovery.model import (
     ApiAccess,
-    ContainerFilter,
     DiscoveryResult,
+    GuestFilter,
     ProxmoxSource,
     SshAccess,
     TokenSecret,
@@ -171,8 +172,8 @@ def _add_discovered(
     drafts: list[_Draft], result: DiscoveryResult, own_vars: tuple[Mapping[str, Any], ...],
     group_names: set[str], inventory: Inventory,
 ) -> None:
-    """Append a source's targets. A container already in the inventory (same node connection and CT id)
-    is skipped; a name already taken falls back to `<node>/<ctid>`, with a warning."""
+    """Append a source's targets. A guest already in the inventory (same node connection and id) is
+    skipped; a name already taken falls back to `<node>/<id>`, with a warning."""
     taken = {draft.target.name for draft in drafts} | group_names | RESERVED_NAMES
     seen = {_guest_key(draft.target): draft.target for draft in drafts if not draft.target.guest.is_node}
     for target in result.targets:
@@ -248,34 +249,42 @@ def _drafts(
             connect_timeout=float(_pick(node, model.defaults, "connect_timeout")),
             keepalive=float(_pick(node, model.defaults, "keepalive")),
         )
-        ref = NodeRef(name=node.name, ssh=settings)  # one per node: its containers share the connection
+        ref = NodeRef(name=node.name, ssh=settings)  # one per node: its guests share the connection
         node_refs[node.name] = ref
-        discovery_only = not node.containers and node.name in via_ssh
+        has_guests = bool(node.containers or node.vms)
+        discovery_only = not has_guests and node.name in via_ssh
         include_node = node.include_node if node.include_node is not None else (
-            not node.containers and not discovery_only)
-        if not include_node and not node.containers and not discovery_only:
+            not has_guests and not discovery_only)
+        if not include_node and not has_guests and not discovery_only:
             raise _error(where, (*node_loc, "include_node"),
-                         "a node without containers must be a target itself (drop include_node)")
+                         "a node without containers or VMs must be a target itself (drop include_node)")
         if include_node:
             claim(node.name, (*node_loc, "name"))
             drafts.append(_Draft(Target(node.name, ref, NODE, tags=frozenset(node.tags), source=str(path)),
                                  (node.vars,)))
-        ctid_lines: dict[int, int | None] = {}
-        for position, container in enumerate(node.containers):
-            ct_loc: Loc = (*node_loc, "containers", position)
-            if container.ctid in ctid_lines:
-                first = _first(ctid_lines[container.ctid])
-                raise _error(where, (*ct_loc, "ctid"),
-                             f"duplicate ctid {container.ctid} on node {node.name!r}{first}")
-            ctid_lines[container.ctid] = where.line((*ct_loc, "ctid"))
-            name = container.name or f"{node.name}/{container.ctid}"
-            name_loc: Loc = (*ct_loc, "name" if container.name else "ctid")
-            claim(name, name_loc)
-            # A node's tags describe its hardware, which its containers share.
-            tags = frozenset(node.tags) | frozenset(container.tags)
-            drafts.append(_Draft(Target(name, ref, GuestRef.lxc(container.ctid), tags=tags, source=str(path)),
-                                 (node.vars, container.vars)))
+        # Proxmox gives a node's containers and VMs ids from one space: a CT and a VM never share one.
+        id_lines: dict[int, tuple[str, int | None]] = {}
+        for section, id_field, kind in _GUEST_SECTIONS:
+            for position, guest in enumerate(getattr(node, section)):
+                guest_loc: Loc = (*node_loc, section, position)
+                guest_id: int = getattr(guest, id_field)
+                if guest_id in id_lines:
+                    first_field, line = id_lines[guest_id]
+                    what = (f"duplicate {id_field} {guest_id}" if first_field == id_field else
+                            f"{id_field} {guest_id} is also a {first_field} (containers and VMs share ids)")
+                    raise _error(where, (*guest_loc, id_field), f"{what} on node {node.name!r}{_first(line)}")
+                id_lines[guest_id] = (id_field, where.line((*guest_loc, id_field)))
+                name = guest.name or f"{node.name}/{guest_id}"
+                claim(name, (*guest_loc, "name" if guest.name else id_field))
+                # A node's tags describe its hardware, which its guests share.
+                tags = frozenset(node.tags) | frozenset(guest.tags)
+                drafts.append(_Draft(Target(name, ref, GuestRef(kind, guest_id), tags=tags, source=str(path)),
+                                     (node.vars, guest.vars)))
     return drafts, node_refs
+
+
+# A node's guest lists: (inventory key, id field, fleetfix.guests kind).
+_GUEST_SECTIONS = (("containers", "ctid", "lxc"), ("vms", "vmid", "vm"))
 
 
 _API_ONLY = ("token_id", "token_secret_env", "token_secret_file", "verify_tls", "ca_file", "node_addresses",
@@ -302,10 +311,11 @@ def _sources(
         flt = entry.filter
         source = ProxmoxSource(
             name=entry.name, tags=frozenset(entry.tags), cache_ttl=float(entry.cache_ttl),
-            filter=ContainerFilter(
+            filter=GuestFilter(
                 tags=tuple(flt.tags), nodes=tuple(flt.nodes),
                 statuses=tuple([flt.status] if isinstance(flt.status, str) else flt.status),
                 names=tuple([flt.name] if isinstance(flt.name, str) else flt.name),
+                kinds=tuple([flt.guests] if isinstance(flt.guests, str) else flt.guests),
             ),
         )
         if entry.via_ssh is not None:
@@ -435,8 +445,9 @@ def adhoc_targets(
     accept_new: bool = False,
     ctids: Sequence[int] = (),
     connect_timeout: float = 10.0,
+    vmids: Sequence[int] = (),
 ) -> list[Target]:
-    """Targets from `--host/--ct`: the node itself, or one target per CT sharing one NodeRef."""
+    """Targets from `--host/--ct/--vm`: the node itself, or one target per CT and VM sharing one NodeRef."""
     if not ADDRESS_PATTERN.fullmatch(host):
         raise ConfigError(f"--host {host!r}: expected a host name or IP address")
     if not 1 <= port <= 65535:
@@ -445,13 +456,18 @@ def adhoc_targets(
         raise ConfigError(f"--user {user!r}: expected a user name")
     if not connect_timeout > 0:
         raise ConfigError(f"connect timeout {connect_timeout}: expected a positive number of seconds")
-    seen: set[int] = set()
-    for ctid in ctids:
-        if not CTID_MIN <= ctid <= CTID_MAX:
-            raise ConfigError(f"--ct {ctid}: expected a Proxmox CT id, {CTID_MIN}..{CTID_MAX}")
-        if ctid in seen:
-            raise ConfigError(f"--ct {ctid} is given twice")
-        seen.add(ctid)
+    seen: dict[int, str] = {}
+    guests = [("--ct", "CT", ctid, "lxc") for ctid in ctids] + [("--vm", "VM", vmid, "vm") for vmid in vmids]
+    for flag, noun, guest_id, _ in guests:
+        if not CTID_MIN <= guest_id <= CTID_MAX:
+            raise ConfigError(f"{flag} {guest_id}: expected a Proxmox {noun} id, {CTID_MIN}..{CTID_MAX}")
+        first = seen.get(guest_id)
+        if first == flag:
+            raise ConfigError(f"{flag} {guest_id} is given twice")
+        if first is not None:
+            raise ConfigError(f"{flag} {guest_id} is also given as {first} {guest_id}: a node's containers "
+                              "and VMs share one id space")
+        seen[guest_id] = flag
     cwd = Path.cwd()
     settings = SSHSettings(
         address=host, port=port, user=user,
@@ -459,9 +475,10 @@ def adhoc_targets(
         accept_new=accept_new, connect_timeout=float(connect_timeout),
     )
     ref = NodeRef(name=host, ssh=settings)
-    if not ctids:
+    if not guests:
         return [Target(host, ref, NODE, source="cli")]
-    return [Target(f"{host}/{ctid}", ref, GuestRef.lxc(ctid), source="cli") for ctid in ctids]
+    return [Target(f"{host}/{guest_id}", ref, GuestRef(kind, guest_id), source="cli")
+            for _, _, guest_id, kind in guests]
 
 
 def local_target() -> Target:

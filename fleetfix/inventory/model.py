@@ -54,6 +54,12 @@ def _check_ctid(value: int) -> int:
     return value
 
 
+def _check_vmid(value: int) -> int:
+    if not CTID_MIN <= value <= CTID_MAX:
+        raise PydanticCustomError("vmid", f"expected a Proxmox VM id, {CTID_MIN}..{CTID_MAX}")
+    return value
+
+
 def _check_address(value: str) -> str:
     if not ADDRESS_PATTERN.fullmatch(value):
         raise PydanticCustomError("address", "expected a host name or IP address")
@@ -123,6 +129,7 @@ Name = Annotated[str, AfterValidator(_check_name)]
 VarName = Annotated[str, AfterValidator(_check_var_name)]
 Port = Annotated[int, AfterValidator(_check_port)]
 CTID = Annotated[int, AfterValidator(_check_ctid)]
+VMID = Annotated[int, AfterValidator(_check_vmid)]
 Address = Annotated[str, AfterValidator(_check_address)]
 JumpHost = Annotated[str, AfterValidator(_check_jump_host)]
 FilePath = Annotated[str, AfterValidator(_check_path)]
@@ -134,6 +141,7 @@ TokenId = Annotated[str, AfterValidator(_check_token_id)]
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
 Glob = Annotated[str, AfterValidator(_check_glob)]
 CtStatus = Literal["running", "stopped"]
+GuestKind = Literal["lxc", "vm"]  # fleetfix.guests kinds that Proxmox lists
 
 
 class _Model(BaseModel):
@@ -166,12 +174,20 @@ class ContainerModel(_Model):
     vars: Vars = {}
 
 
+class VmModel(_Model):
+    vmid: VMID
+    name: Name | None = None  # None: "<node>/<vmid>"
+    tags: list[Name] = []
+    vars: Vars = {}
+
+
 class NodeModel(ConnectionFields):
     name: Name
     address: Address
     tags: list[Name] = []
-    include_node: bool | None = None  # None: the node is a target only when it lists no containers
+    include_node: bool | None = None  # None: the node is a target only when it lists no guests
     containers: list[ContainerModel] = []
+    vms: list[VmModel] = []  # one id space with containers: a node's CT and VM never share an id
 
 
 class ProxmoxSSHModel(_Model):
@@ -192,6 +208,7 @@ class ProxmoxFilterModel(_Model):
     status: CtStatus | list[CtStatus] = []
     name: Glob | list[Glob] = []
     nodes: list[Glob] = []
+    guests: GuestKind | list[GuestKind] = ["lxc"]  # VMs only when asked for: they need a guest agent
 
 
 class ProxmoxModel(_Model):

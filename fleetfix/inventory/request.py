@@ -23,6 +23,7 @@ class TargetRequest:
     known_hosts: str | None = None
     accept_new: bool = False
     ctids: tuple[int, ...] = ()
+    vmids: tuple[int, ...] = ()
     connect_timeout: float = 10.0
     local: bool = False
     refresh: bool = False

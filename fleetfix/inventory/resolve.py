@@ -1,7 +1,7 @@
-"""Which targets a command acts on: `--local`, `--host` (with `--ct`), or the inventory and `--limit`.
+"""Which targets a command acts on: `--local`, `--host` (with `--ct`/`--vm`), or the inventory and `--limit`.
 
 The command line hands over one `TargetRequest` (request.py); what comes back is a `Resolution`: the
-targets, the discovered containers that were skipped (stopped, templates) and the warnings to show.
+targets, the discovered guests that were skipped (stopped, templates) and the warnings to show.
 Nothing here prints.
 """
 
@@ -26,7 +26,7 @@ class Resolution:
 
     report_kind: ClassVar[str] = "targets"
     targets: list[Target]
-    skipped: list[tuple[str, str]] = field(default_factory=list)  # (target or CT label, reason)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (target or guest label, reason)
     warnings: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def resolve_targets(request: TargetRequest) -> Resolution:
         return Resolution(select(adhoc_targets(
             request.host, port=request.port, user=request.user, identity_file=request.identity,
             known_hosts=request.known_hosts, accept_new=request.accept_new, ctids=request.ctids,
-            connect_timeout=request.connect_timeout,
+            vmids=request.vmids, connect_timeout=request.connect_timeout,
         ), request.limit))
     loaded = load_inventory(resolve_inventory_path(request.inventory),
                             discover=Discoverer(refresh=request.refresh))

@@ -74,7 +74,8 @@ def python_interpreters(target: Target) -> list[str]:
 
 
 class _NodeFactsCache:
-    """Node facts are gathered once per node, by whichever of its containers comes first."""
+    """Node facts are gathered once per node, by whichever of its containers comes first (VMs have their
+    own kernel and driver: they never ask)."""
 
     def __init__(self, fleet: Fleet) -> None:
         self._fleet = fleet
@@ -149,9 +150,12 @@ def probe_targets(
 
     def probe_one(target: Target, transport: Transport) -> TargetReport:
         started = time.monotonic()
-        node_cache.start(target)
+        # The node's kernel module is the driver only for guests on the node's kernel (not a VM's).
+        on_node_kernel = fleet.guest(target).shares_node_kernel
+        if on_node_kernel:
+            node_cache.start(target)
         facts = gather_facts(target, transport, deep=deep)
-        node = node_cache.get(target)
+        node = node_cache.get(target) if on_node_kernel else None
         required = target.vars.get("required_extensions") or ()
         findings = diagnose(facts, node, required_extensions=[str(name) for name in required])
         report = TargetReport(target, "ok", facts, node, findings)

@@ -43,13 +43,14 @@ def show(run: Any, out: Console, **options: Any) -> None:
 
 @show.register
 def _targets(resolution: Resolution, out: Console, **options: Any) -> None:
-    table = Table("TARGET", "NODE", "ADDRESS", "CT", "TAGS", "GROUPS", "VARS", "SOURCE", box=None,
+    table = Table("TARGET", "NODE", "ADDRESS", "GUEST", "TAGS", "GROUPS", "VARS", "SOURCE", box=None,
                   pad_edge=False)
     for t in resolution.targets:
         ssh = t.node.ssh
         address = f"{ssh.user}@{ssh.address}:{ssh.port}" if ssh else "(local)"
+        guest = "-" if t.guest.is_node else f"{t.guest.kind} {t.guest.id}"  # "lxc 200", "vm 300"
         table.add_row(*(escape(cell) for cell in (
-            t.name, t.node.name, address, str(t.guest.id or "-"), ",".join(sorted(t.tags)),
+            t.name, t.node.name, address, guest, ",".join(sorted(t.tags)),
             ",".join(sorted(t.groups)), _vars_cell(t.vars), t.source,
         )))
     print_table(table, out)

@@ -1,9 +1,11 @@
-"""The test bed in one object: a client key, N Proxmox-like nodes (sshd + `pct`/`pvesh` stand-ins) and
-their overlay containers, all torn down by `Lab.close()`.
+"""The test bed in one object: a client key, N Proxmox-like nodes (sshd + `pct`/`qm`/`pvesh` stand-ins) and
+their overlay containers and VMs, all torn down by `Lab.close()`.
 
     with Lab(tmp_path, nodes=2) as lab:
         ct = lab.add_container("pve1", 200, name="gpu-a")
         lab.ssh("pve1", ["pct", "exec", "200", "--", "cat", "/etc/os-release"])
+        vm = lab.add_vm("pve1", 300, name="gpu-vm")
+        lab.ssh("pve1", ["qm", "guest", "exec", "300", "--", "cat", "/etc/os-release"])
 
 Nodes listen on distinct loopback addresses (127.0.0.2, 127.0.0.3, ...) with their own host keys, recorded in
 `lab.known_hosts` in OpenSSH's `[addr]:port` form. Each node's state (containers, configs, the pct call log)
@@ -13,6 +15,7 @@ lives under `<root>/nodes/<name>/pve`; its sshd files under `<root>/nodes/<name>
 from __future__ import annotations
 
 import contextlib
+import json
 import shlex
 import shutil
 import subprocess
@@ -22,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from tests.lab import vm as vmlib
 from tests.lab.container import NODE_DIR_ENV, Container, NodeState
 from tests.lab.sshd import SshNode, keygen, start_node
+from tests.lab.vm import VirtualMachine
 
 LAB_DIR = Path(__file__).resolve().parent
 NODE_PYTHON = "/usr/bin/python3"  # the node's own Debian python, not whatever runs pytest
@@ -57,6 +62,16 @@ class LabNode:
 
     def pct_exec_count(self) -> int:
         return sum(1 for argv in self.pct_calls() if argv[:1] == ["exec"])
+
+    def vm(self, vmid: int) -> VirtualMachine:
+        return vmlib.vm(self.state, vmid)
+
+    def qm_calls(self) -> list[list[str]]:
+        """Every `qm` invocation on this node so far (argv without the program name)."""
+        log = self.state.dir / "qm.log"
+        if not log.exists():
+            return []
+        return [json.loads(line) for line in log.read_text().splitlines() if line]
 
 
 def _install_wrapper(sbin_dir: Path, command: str, script: Path, node_dir: Path) -> None:
@@ -104,7 +119,7 @@ class Lab:
         )
         node = LabNode(ssh, state)
         self.nodes[name] = node
-        for command in ("pct", "pvesh"):
+        for command in ("pct", "qm", "pvesh"):
             _install_wrapper(ssh.sbin_dir, command, LAB_DIR / f"{command}.py", state.dir)
         with self.known_hosts.open("a") as handle:
             handle.write(ssh.known_hosts_line + "\n")
@@ -154,6 +169,40 @@ class Lab:
 
     def remove_container(self, node: str | LabNode | None, ctid: int) -> None:
         self.node(node).container(ctid).destroy()
+
+    # -- VMs -----------------------------------------------------------------------------------------
+    def add_vm(
+        self,
+        node: str | LabNode | None = None,
+        vmid: int = 300,
+        *,
+        name: str | None = None,
+        running: bool = True,
+        tags: Iterable[str] = (),
+        agent: bool = True,
+        agent_installed: bool = True,
+        setup: ContainerSetup | None = None,
+        config: dict[str, str] | None = None,
+    ) -> VirtualMachine:
+        """Create (and by default start) VM vmid on node: `agent: 1` in its config unless agent=False, the
+        guest agent installed in it unless agent_installed=False. setup: as for add_container (it runs
+        through nsenter, not the agent, so it works on an agent-less VM too)."""
+        state = self.node(node).state
+        machine = vmlib.create_vm(state, vmid, name=name, tags=tuple(tags), agent=agent,
+                                  agent_installed=agent_installed, extra_config=config)
+        try:
+            if running or setup is not None:
+                machine.start()
+            if isinstance(setup, str):
+                machine.sh(setup)
+            elif setup is not None:
+                setup(machine)
+            if not running and machine.running:
+                machine.stop()
+        except BaseException:
+            machine.destroy()
+            raise
+        return machine
 
     # -- talking to nodes with plain OpenSSH ---------------------------------------------------------
     def ssh_argv(self, node: str | LabNode | None, command: str | Sequence[str]) -> list[str]:
@@ -205,7 +254,7 @@ class Lab:
         """Stop every container (also ones started through `pct start`), every sshd, remove the state."""
         problems: list[str] = []
         for node in self.nodes.values():
-            for ct in node.state.containers():
+            for ct in [*node.state.containers(), *vmlib.vms(node.state)]:
                 try:
                     ct.stop()
                 except Exception as error:  # keep tearing down the rest

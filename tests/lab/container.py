@@ -187,6 +187,11 @@ def _wait_gone(pid: int, start_time: int, timeout: float) -> bool:
 # --------------------------------------------------------------------------------------------------------
 class Container:
     # A plain class, not a dataclass: importing dataclasses costs ~15 ms on every `pct` call.
+    # Where this kind of guest keeps its state under the node dir, and its config (tests/lab/vm.py reuses
+    # the whole mechanism for VMs with "vm" and "qemu-server").
+    state_subdir = "ct"
+    conf_subdir = "lxc"
+
     def __init__(self, node: NodeState, ctid: int) -> None:
         self.node = node
         self.ctid = ctid
@@ -197,7 +202,7 @@ class Container:
     # -- paths ---------------------------------------------------------------------------------------
     @property
     def dir(self) -> Path:
-        return self.node.dir / "ct" / str(self.ctid)
+        return self.node.dir / self.state_subdir / str(self.ctid)
 
     @property
     def upper_dir(self) -> Path:
@@ -218,7 +223,7 @@ class Container:
 
     @property
     def conf_path(self) -> Path:
-        return self.node.conf_path(self.ctid)
+        return self.node.dir / self.conf_subdir / f"{self.ctid}.conf"
 
     @property
     def lower_dir(self) -> Path:
@@ -245,6 +250,11 @@ class Container:
     @property
     def name(self) -> str:
         return self.config().main.get("hostname", f"CT{self.ctid}")
+
+    @property
+    def hostname(self) -> str:
+        """What the guest's own hostname is set to when it starts."""
+        return self.name
 
     # -- runtime state -------------------------------------------------------------------------------
     def _run_state(self) -> dict[str, int] | None:
@@ -306,7 +316,7 @@ class Container:
             str(self.upper_dir),
             str(self.work_dir),
             str(self.mount_point),
-            self.name,
+            self.hostname,
             str(self.lower_dir),
         ]
         deadline = time.monotonic() + timeout
@@ -499,7 +509,7 @@ class NodeState:
 
     @classmethod
     def create(cls, node_dir: Path, name: str) -> NodeState:
-        for sub in ("lxc", "ct"):
+        for sub in ("lxc", "ct", "qemu-server", "vm"):
             (node_dir / sub).mkdir(parents=True, exist_ok=True)
         (node_dir / "nodename").write_text(f"{name}\n")
         return cls(node_dir)
@@ -514,6 +524,14 @@ class NodeState:
 
     def conf_path(self, ctid: int) -> Path:
         return self.dir / "lxc" / f"{ctid}.conf"
+
+    def id_owner(self, vmid: int) -> str | None:
+        """"CT" or "VM" when a guest of this node already has this id (PVE: one id space per cluster)."""
+        if (self.dir / "lxc" / f"{vmid}.conf").is_file():
+            return "CT"
+        if (self.dir / "qemu-server" / f"{vmid}.conf").is_file():
+            return "VM"
+        return None
 
     def ctids(self) -> list[int]:
         ids = [int(path.stem) for path in (self.dir / "lxc").glob("*.conf") if path.stem.isdigit()]
@@ -538,8 +556,10 @@ class NodeState:
         """A stopped container; `template` is a root filesystem to use instead of this machine's /;
         `share` names host paths normally hidden (the real-torch venv) that this container sees."""
         ct = Container(self, ctid)
-        if ct.exists():
-            raise ContainerError(f"CT {ctid} already exists on node '{self.name}'")
+        owner = self.id_owner(ctid)
+        if owner is not None:
+            raise ContainerError(f"unable to create CT {ctid} - {owner} {ctid} already exists on node "
+                                 f"'{self.name}'")
         hostname = hostname or f"ct{ctid}"
         shutil.rmtree(ct.dir, ignore_errors=True)
         ct.dir.mkdir(parents=True)

@@ -36,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -121,11 +122,16 @@ def cmd_config(node: ctlib.NodeState, args: list[str]) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # snapshots: a copy of the upper dir plus a "[name]" section in ID.conf, as PVE records them
 # ----------------------------------------------------------------------------------------------------------
+# The snapshot commands are the same in `qm` (PVE::AbstractConfig and PVE::GuestHelpers serve both): qm.py
+# calls them with its own guest lookup (`find`) and its own rule for volumes that cannot snapshot.
+Find = Callable[[ctlib.NodeState, "str | None"], ctlib.Container]
+
+
 def _snapshot_args(
-    node: ctlib.NodeState, args: list[str], allowed: dict[str, bool]
+    node: ctlib.NodeState, args: list[str], allowed: dict[str, bool], find: Find | None = None
 ) -> tuple[ctlib.Container, str, dict[str, str]]:
     options, positional = parse_options(args, allowed)
-    ct = _vmid(node, positional[0] if positional else None)
+    ct = (find or _vmid)(node, positional[0] if positional else None)
     if len(positional) < 2:
         raise PctDie("400 not enough arguments")
     name = positional[1]
@@ -152,14 +158,18 @@ def _volumes_without_snapshots(config: dict[str, str]) -> list[str]:
     return keys
 
 
-def cmd_snapshot(node: ctlib.NodeState, args: list[str]) -> int:
-    ct, name, options = _snapshot_args(node, args, {"description": True})
+def cmd_snapshot(
+    node: ctlib.NodeState, args: list[str], find: Find | None = None,
+    no_snapshots: Callable[[dict[str, str]], list[str]] = _volumes_without_snapshots,
+    allowed: dict[str, bool] | None = None,
+) -> int:
+    ct, name, options = _snapshot_args(node, args, allowed or {"description": True}, find)
     config = ct.config()
     if name == "current":
         raise PctDie("unable to use snapshot name 'current' (reserved name)")
     if name in config.snapshots:
         raise PctDie(f"snapshot name '{name}' already used")
-    if _volumes_without_snapshots(config.main):
+    if no_snapshots(config.main):
         # PVE::LXC::Config->snapshot_prepare: has_feature('snapshot') over every volume.
         raise PctDie("snapshot feature is not available")
     ct.copy_upper_to(ct.snapshot_dir(name))
@@ -173,9 +183,9 @@ def cmd_snapshot(node: ctlib.NodeState, args: list[str]) -> int:
     return 0
 
 
-def cmd_listsnapshot(node: ctlib.NodeState, args: list[str]) -> int:
+def cmd_listsnapshot(node: ctlib.NodeState, args: list[str], find: Find | None = None) -> int:
     _, positional = parse_options(args, {})
-    ct = _vmid(node, positional[0] if positional else None)
+    ct = (find or _vmid)(node, positional[0] if positional else None)
     config = ct.config()
     entries: dict[str, dict[str, str]] = {name: dict(values) for name, values in config.snapshots.items()}
     current = {"description": "You are here!"}
@@ -214,8 +224,8 @@ def cmd_listsnapshot(node: ctlib.NodeState, args: list[str]) -> int:
     return 0
 
 
-def cmd_rollback(node: ctlib.NodeState, args: list[str]) -> int:
-    ct, name, options = _snapshot_args(node, args, {"start": True})
+def cmd_rollback(node: ctlib.NodeState, args: list[str], find: Find | None = None) -> int:
+    ct, name, options = _snapshot_args(node, args, {"start": True}, find)
     config = ct.config()
     if name not in config.snapshots:
         raise PctDie(f"snapshot '{name}' does not exist")
@@ -233,8 +243,8 @@ def cmd_rollback(node: ctlib.NodeState, args: list[str]) -> int:
     return 0
 
 
-def cmd_delsnapshot(node: ctlib.NodeState, args: list[str]) -> int:
-    ct, name, _ = _snapshot_args(node, args, {"force": True})
+def cmd_delsnapshot(node: ctlib.NodeState, args: list[str], find: Find | None = None) -> int:
+    ct, name, _ = _snapshot_args(node, args, {"force": True}, find)
     config = ct.config()
     if name not in config.snapshots:
         raise PctDie(f"snapshot '{name}' does not exist")

@@ -91,29 +91,30 @@ def check_vmid(text: str | None) -> int:
     return int(text)
 
 
-def missing_config(node_dir: str, vmid: int) -> PctDie:
-    """Config::load_config on a CT that is not on this node."""
+def missing_config(node_dir: str, vmid: int, conf_subdir: str = "lxc") -> PctDie:
+    """load_config on a guest that is not on this node (conf_subdir "qemu-server" for qm)."""
     with open(os.path.join(node_dir, "nodename")) as handle:
         node_name = handle.read().strip()
-    return PctDie(f"Configuration file 'nodes/{node_name}/lxc/{vmid}.conf' does not exist")
+    return PctDie(f"Configuration file 'nodes/{node_name}/{conf_subdir}/{vmid}.conf' does not exist")
 
 
-def log_invocation(node_dir: str, argv: list[str]) -> None:
+def log_invocation(node_dir: str, argv: list[str], log_name: str = "pct.log") -> None:
     """Append argv to <node dir>/pct.log as one JSON line, for every pct command (pct.py calls this too;
-    container.NodeState.pct_calls reads them)."""
+    container.NodeState.pct_calls reads them). qm.py logs to qm.log the same way."""
     line = json.dumps(argv) + "\n"
     # One write() with O_APPEND: concurrent pct calls never interleave within a line.
-    fd = os.open(os.path.join(node_dir, "pct.log"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(os.path.join(node_dir, log_name), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
 
 
-def running_pid1(node_dir: str, vmid: int) -> int | None:
-    """The CT's init PID when it runs (same check as container.Container.pid1: PID and start time)."""
+def running_pid1(node_dir: str, vmid: int, state_subdir: str = "ct") -> int | None:
+    """The guest's init PID when it runs (same check as container.Container.pid1: PID and start time);
+    state_subdir "vm" for a VM."""
     try:
-        with open(os.path.join(node_dir, "ct", str(vmid), "run.json")) as handle:
+        with open(os.path.join(node_dir, state_subdir, str(vmid), "run.json")) as handle:
             state = json.load(handle)
         with open(f"/proc/{state['pid1']}/stat") as handle:
             proc_stat = handle.read()

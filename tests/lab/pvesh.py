@@ -5,6 +5,9 @@
     pvesh get /nodes/NODE/lxc                        the per-node container index (vmstatus objects)
     pvesh get /nodes/NODE/lxc/VMID/status/current
     pvesh get /nodes/NODE/lxc/VMID/snapshot          snapshots plus the "current" pseudo entry
+    pvesh get /nodes/NODE/qemu                       the per-node VM index (QemuServer::vmstatus objects:
+                                                     no `type` field, name "VM <id>" when unset)
+    pvesh get /nodes/NODE/qemu/VMID/status/current | /nodes/NODE/qemu/VMID/snapshot
 
 Output is JSON (only the JSON formats are modelled). Errors: one line on stderr, exit 255, like pvesh.
 proxmoxer's SSH backends run exactly `pvesh get <path> --output-format json` (docs/DOMAIN.md 5.4).
@@ -21,6 +24,7 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import container as ctlib
+import vm as vmlib
 
 
 class PveshError(Exception):
@@ -51,6 +55,38 @@ def _vmstatus(ct: ctlib.Container) -> dict[str, Any]:
         "diskwrite": 0,
     }
     pid = ct.pid1
+    if pid:
+        status["pid"] = pid
+        status["uptime"] = max(int(time.time() - os.stat(f"/proc/{pid}").st_mtime), 0)
+    for key in ("tags", "lock"):
+        if key in config:
+            status[key] = config[key]
+    if config.get("template") == "1":
+        status["template"] = 1
+    return status
+
+
+def _vm_status(machine: vmlib.VirtualMachine) -> dict[str, Any]:
+    config = machine.config().main
+    size = re.search(r"size=(\d+)G", config.get("scsi0", ""))
+    status: dict[str, Any] = {
+        "vmid": machine.vmid,
+        "name": machine.name,
+        "status": machine.status,
+        "cpus": int(config.get("cores", "1")) * int(config.get("sockets", "1")),
+        "maxmem": int(config.get("memory", "512")) * 1024 * 1024,
+        "maxdisk": int(size.group(1)) * 1024**3 if size else 0,
+        "mem": 0,
+        "memhost": 0,
+        "disk": 0,
+        "cpu": 0,
+        "uptime": 0,
+        "netin": 0,
+        "netout": 0,
+        "diskread": 0,
+        "diskwrite": 0,
+    }
+    pid = machine.pid1
     if pid:
         status["pid"] = pid
         status["uptime"] = max(int(time.time() - os.stat(f"/proc/{pid}").st_mtime), 0)
@@ -98,6 +134,23 @@ def get(node: ctlib.NodeState, path: str) -> Any:
             return _vmstatus(ct)
         if parts[4:] == ["snapshot"]:
             return _snapshots(ct)
+    if len(parts) >= 3 and parts[0] == "nodes" and parts[2] == "qemu":
+        if parts[1] not in (node.name, "localhost"):
+            raise PveshError(
+                f"hostname lookup '{parts[1]}' failed - failed to get address info for: {parts[1]}: "
+                "Name or service not known"
+            )
+        if len(parts) == 3:
+            return [_vm_status(machine) for machine in vmlib.vms(node)]
+        machine = vmlib.vm(node, int(parts[3])) if parts[3].isdigit() else None
+        if machine is None or not machine.exists():
+            raise PveshError(
+                f"Configuration file 'nodes/{node.name}/qemu-server/{parts[3]}.conf' does not exist"
+            )
+        if parts[4:] == ["status", "current"]:
+            return _vm_status(machine)
+        if parts[4:] == ["snapshot"]:
+            return _snapshots(machine)
     raise PveshError(f"no 'get' handler for '{path}'")
 
 

@@ -1,10 +1,12 @@
-"""The two ways to ask a Proxmox cluster for its containers, with every failure mapped to one line.
+"""The two ways to ask a Proxmox cluster for its guests, with every failure mapped to one line.
 
 HTTPS: proxmoxer's `https` backend with an API token. One call, `GET /cluster/resources?type=vm`, lists
-every guest of the cluster with its node, vmid, name, status and tags; a second, `GET /cluster/status`,
-is made only when some node in use has no `node_addresses` entry (its entries of type `node` carry `ip`).
+every guest of the cluster (`type` lxc or qemu) with its node, vmid, name, status and tags; a second,
+`GET /cluster/status`, is made only when some node in use has no `node_addresses` entry (its entries of
+type `node` carry `ip`).
 
-SSH: `pvesh get /nodes/<node>/lxc --output-format json` run on the node through fleetfix's own SSH
+SSH: `pvesh get /nodes/<node>/lxc --output-format json`, then the same for `/qemu` (pve-manager and
+qemu-server: the per-node indexes, whose entries name no type), run on the node through fleetfix's own SSH
 transport (Fleet -> transport.ssh), NOT proxmoxer's `ssh_paramiko` backend: that one connects with
 paramiko's AutoAddPolicy (trusts any host key on first use) and never checks the exit status, while
 fleetfix verifies host keys against known_hosts and refuses unknown or changed keys. The argv is fixed
@@ -20,7 +22,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleetfix.errors import DiscoveryError, FleetfixError
-from fleetfix.inventory.discovery.model import Listing, ProxmoxSource, listing_from_records
+from fleetfix.guests import pve_types
+from fleetfix.inventory.discovery.model import Listing, ProxmoxSource, listing_from_records, merge_listings
 from fleetfix.target import Target
 
 # Makes a proxmoxer-like client: `api(path).get(**params)` returns the decoded `data`.
@@ -54,10 +57,10 @@ def fetch_api_listing(source: ProxmoxSource, *, api_factory: ApiFactory = proxmo
                          timeout=access.timeout)
     resources = _api_get(source, client, "cluster/resources", {"type": "vm"}, secret)
     listing = listing_from_records(resources)
-    needed = {ct.node for ct in listing.containers if ct.status == "running" and not ct.template}
+    needed = {ct.node for ct in listing.guests if ct.status == "running" and not ct.template}
     if needed - set(source.node_addresses):
         status = _api_get(source, client, "cluster/status", {}, secret)
-        listing = Listing(listing.containers, node_addresses=node_addresses_from_status(status),
+        listing = Listing(listing.guests, node_addresses=node_addresses_from_status(status),
                           malformed=listing.malformed)
     return listing
 
@@ -162,12 +165,13 @@ def _scrub(message: str, secret: str) -> str:
 # --- pvesh over SSH --------------------------------------------------------------------------------------
 
 
-def pvesh_argv(pve_node: str) -> list[str]:
-    return ["pvesh", "get", f"/nodes/{pve_node}/lxc", "--output-format", "json"]
+def pvesh_argv(pve_node: str, pve_type: str = "lxc") -> list[str]:
+    return ["pvesh", "get", f"/nodes/{pve_node}/{pve_type}", "--output-format", "json"]
 
 
 def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
-    """Run pvesh on the source's node over a fleetfix SSH connection (host keys verified)."""
+    """Run pvesh on the source's node over a fleetfix SSH connection (host keys verified), once per guest
+    type. Every type, whatever the filter says: the listing may be cached, and the filter applies after."""
     from fleetfix.fleet import Fleet
 
     access = source.ssh
@@ -177,7 +181,12 @@ def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
     where = f"{source.label}: pvesh on {access.node.name}"
     try:
         transport = runner.node_transport(Target(access.node.name, access.node))
-        result = transport.execute(pvesh_argv(access.pve_node), timeout=access.timeout)
+        return merge_listings(*(
+            _pvesh_listing(where, transport.execute(pvesh_argv(access.pve_node, pve_type),
+                                                    timeout=access.timeout), access.timeout, access.pve_node,
+                           kind)
+            for pve_type, kind in pve_types().items()
+        ))
     except DiscoveryError:
         raise
     except FleetfixError as exc:
@@ -185,8 +194,11 @@ def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
     finally:
         if owned:
             runner.close()
+
+
+def _pvesh_listing(where: str, result: Any, timeout: float, pve_node: str, kind: str) -> Listing:
     if result.timed_out:
-        raise DiscoveryError(f"{where}: no answer within {access.timeout:g}s")
+        raise DiscoveryError(f"{where}: no answer within {timeout:g}s")
     if result.exit_code != 0:
         last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         hint = " (is this a Proxmox VE node?)" if result.exit_code == 127 else ""
@@ -195,7 +207,7 @@ def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
         records = json.loads(result.stdout)
     except ValueError:
         raise DiscoveryError(f"{where}: pvesh printed something that is not JSON") from None
-    return listing_from_records(records, node=access.pve_node, lxc_only=False)
+    return listing_from_records(records, node=pve_node, kind=kind)
 
 
 __all__ = [

@@ -45,7 +45,7 @@ def read_cache(path: Path, source: ProxmoxSource, *, now: float) -> Listing | No
     if not isinstance(addresses, dict) or not all(isinstance(v, str) for v in addresses.values()):
         return None
     try:
-        listing = listing_from_records(data.get("containers"), lxc_only=False)
+        listing = listing_from_records(data.get("guests"))
     except DiscoveryError:
         return None
     return replace(listing, node_addresses=addresses, fetched_at=float(fetched_at))
@@ -58,10 +58,10 @@ def write_cache(path: Path, source: ProxmoxSource, listing: Listing) -> None:
         "fingerprint": source.fingerprint(),
         "fetched_at": listing.fetched_at,
         "node_addresses": dict(listing.node_addresses),
-        "containers": [
-            {"vmid": ct.vmid, "node": ct.node, "name": ct.name, "status": ct.status,
-             "tags": list(ct.tags), "template": int(ct.template)}
-            for ct in listing.containers
+        "guests": [
+            {"kind": guest.kind, "vmid": guest.vmid, "node": guest.node, "name": guest.name,
+             "status": guest.status, "tags": list(guest.tags), "template": int(guest.template)}
+            for guest in listing.guests
         ],
     }
     try:
@@ -135,8 +135,8 @@ def _source_warnings(source: ProxmoxSource, listing: Listing) -> list[str]:
         if mode is not None:
             warnings.append(f"{source.label}: token_secret_file {source.api.secret.file} is readable by "
                             f"group or others (mode {mode:04o}); chmod 600 it")
-    if not listing.containers and source.api is not None:
-        warnings.append(f"{source.label}: the token sees no containers (a privilege-separated token needs "
+    if not listing.guests and source.api is not None:
+        warnings.append(f"{source.label}: the token sees no guests (a privilege-separated token needs "
                         "its own permissions, e.g. the PVEAuditor role on /)")
     return warnings
 

@@ -1,10 +1,12 @@
-"""Proxmox discovery: list a cluster's LXC containers and turn the running ones into Targets.
+"""Proxmox discovery: list a cluster's guests (LXC containers and QEMU VMs) and turn the running ones into
+Targets.
 
 A source is either the PVE API over HTTPS with an API token (proxmoxer), or `pvesh` run on one node over
 fleetfix's own SSH transport (see discovery.clients for why not proxmoxer's SSH backend). Either way the
-source yields a `Listing` (containers + node addresses), which may be cached, and `targets_from_listing`
-maps it through the filter to a `DiscoveryResult`: targets, and the containers skipped with a reason
-(stopped, a template, no address) - a stopped container is information, not a failure.
+source yields a `Listing` (guests of every kind + node addresses), which may be cached, and
+`targets_from_listing` maps it through the filter to a `DiscoveryResult`: targets, and the guests skipped
+with a reason (stopped, a template, no address) - a stopped guest is information, not a failure. Which
+Proxmox type is which guest kind comes from the guest drivers (`fleetfix.guests.pve_types`).
 
 Everything a PVE answers is untrusted input. Names and tags are only ever labels (commands use the
 integer vmid), and even so a name outside the inventory's safe pattern is replaced by `<node>/<vmid>`
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from fleetfix.errors import DiscoveryError, InventoryError
+from fleetfix.guests import pve_types
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 
 # The inventory's name pattern (inventory._NAME; a unit test keeps the two equal): hostname-like and free
@@ -34,8 +37,9 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 # PVE writes tags `;`-separated; older versions and hand-edited configs also use `,` or spaces.
 _TAG_SEPARATORS = re.compile(r"[;,\s]+")
 CTID_MIN, CTID_MAX = 100, 999_999_999
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: entries of every guest kind, each with its "kind"
 Status = Literal["running", "stopped"]
+DEFAULT_KINDS = ("lxc",)  # VMs only when the filter asks for them: a VM needs its guest agent to be reached
 
 
 # --- configuration (built by fleetfix.inventory from the `proxmox:` section) ----------------------------
@@ -123,20 +127,24 @@ class SshAccess:
     """`pvesh` on one node, over that node's SSH settings (the node as declared under `nodes:`)."""
 
     node: NodeRef  # the inventory node: its name labels the targets, its SSH settings reach them
-    pve_node: str  # the node's name inside PVE (its short hostname), for /nodes/<pve_node>/lxc
+    pve_node: str  # the node's name inside PVE (its short hostname), for /nodes/<pve_node>/lxc and /qemu
     timeout: float = 30.0
 
 
 @dataclass(frozen=True)
-class ContainerFilter:
-    """Which containers are in scope. Empty fields do not filter; within a field any entry may match."""
+class GuestFilter:
+    """Which guests are in scope: those of the given kinds ("lxc", "vm"), then the other fields. Empty
+    fields do not filter; within a field any entry may match."""
 
-    tags: tuple[str, ...] = ()  # globs; a container matches when one of its tags matches one of them
+    tags: tuple[str, ...] = ()  # globs; a guest matches when one of its tags matches one of them
     statuses: tuple[Status, ...] = ()
     names: tuple[str, ...] = ()  # globs on the PVE name
     nodes: tuple[str, ...] = ()  # globs on the PVE node name
+    kinds: tuple[str, ...] = DEFAULT_KINDS
 
-    def matches(self, container: PveContainer) -> bool:
+    def matches(self, container: PveGuest) -> bool:
+        if container.kind not in self.kinds:
+            return False
         if self.statuses and container.status not in self.statuses:
             return False
         if self.names and not any(fnmatchcase(container.name, glob) for glob in self.names):
@@ -153,7 +161,7 @@ class ProxmoxSource:
     name: str
     api: ApiAccess | None = None
     ssh: SshAccess | None = None
-    filter: ContainerFilter = ContainerFilter()
+    filter: GuestFilter = GuestFilter()
     # SSH settings for every discovered node, `address` left empty (API sources; filled per node).
     node_ssh: SSHSettings = field(default_factory=lambda: SSHSettings(address=""))
     node_addresses: Mapping[str, str] = field(default_factory=dict)  # PVE node name -> SSH address
@@ -165,7 +173,8 @@ class ProxmoxSource:
         return f"proxmox:{self.name}"
 
     def fingerprint(self) -> str:
-        """What the cache entry must match: the endpoint and identity, not the filter (applied after)."""
+        """What the cache entry must match: the endpoint and identity, not the filter (applied after;
+        every source lists every guest kind, so the cache serves any filter)."""
         if self.api is not None:
             parts = ["api", self.api.url, self.api.token_id]
         else:
@@ -179,8 +188,8 @@ class ProxmoxSource:
 
 
 @dataclass(frozen=True)
-class PveContainer:
-    """One LXC container as PVE lists it, checked for shape; name and tags not yet judged safe."""
+class PveGuest:
+    """One guest as PVE lists it, checked for shape; name and tags not yet judged safe."""
 
     vmid: int
     node: str
@@ -188,21 +197,22 @@ class PveContainer:
     status: str
     tags: tuple[str, ...] = ()
     template: bool = False
+    kind: str = "lxc"  # fleetfix's guest kind: "lxc" or "vm"
 
 
 @dataclass(frozen=True)
 class Listing:
-    """A source's answer: containers, node name -> address (from /cluster/status), records it rejected."""
+    """A source's answer: guests, node name -> address (from /cluster/status), records it rejected."""
 
-    containers: tuple[PveContainer, ...]
+    guests: tuple[PveGuest, ...]
     node_addresses: Mapping[str, str] = field(default_factory=dict)
-    malformed: tuple[tuple[str, str], ...] = ()  # (label, reason) for records that were not containers
+    malformed: tuple[tuple[str, str], ...] = ()  # (label, reason) for records that were not guests
     fetched_at: float = 0.0
 
 
 @dataclass
 class DiscoveryResult:
-    """Targets of one source, the in-scope containers that are not targets and why, and warnings."""
+    """Targets of one source, the in-scope guests that are not targets and why, and warnings."""
 
     source: str  # "proxmox:<name>"
     targets: list[Target]
@@ -225,28 +235,33 @@ def parse_tags(raw: Any) -> tuple[str, ...]:
     return tuple(seen)
 
 
-def container_from_record(record: Any, *, node: str | None = None) -> PveContainer | tuple[str, str]:
-    """A /cluster/resources or /nodes/<n>/lxc entry -> PveContainer, or (label, reason) when malformed.
+def guest_from_record(
+    record: Any, *, node: str | None = None, kind: str = "lxc",
+) -> PveGuest | tuple[str, str]:
+    """A /cluster/resources, /nodes/<n>/lxc or /nodes/<n>/qemu entry -> PveGuest of that kind, or
+    (label, reason) when malformed.
 
-    `node` is the node the listing was for (/nodes/<n>/lxc): its entries carry no node field, and every
-    container it lists is on that node whatever an entry claims."""
+    `node` is the node the listing was for (/nodes/<n>/...): its entries carry no node field, and every
+    guest it lists is on that node whatever an entry claims."""
     if not isinstance(record, dict):
         return ("?", "PVE returned an entry that is not an object")
     vmid = record.get("vmid")
     if isinstance(vmid, str) and vmid.isdigit():
         vmid = int(vmid)  # pvesh prints numbers as JSON numbers, but be lenient about strings
     if isinstance(vmid, bool) or not isinstance(vmid, int) or not CTID_MIN <= vmid <= CTID_MAX:
-        return ("?", f"PVE returned a container without a valid vmid ({_shown(vmid)})")
+        return ("?", f"PVE returned a guest without a valid vmid ({_shown(vmid)})")
     where = node if node is not None else record.get("node")
     if not isinstance(where, str) or not where:
-        return (f"lxc/{vmid}", "PVE returned no node for this container")
+        return (f"{kind}/{vmid}", "PVE returned no node for this guest")
     name = record.get("name")
+    if name == f"VM {vmid}":
+        name = ""  # PVE's stand-in for a VM without a name (QemuServer::vmstatus), not a name
     status = record.get("status")
     if not isinstance(status, str):
-        return (f"lxc/{vmid}", "PVE returned no status for this container")
+        return (f"{kind}/{vmid}", "PVE returned no status for this guest")
     template = record.get("template") in (1, True, "1")
-    return PveContainer(vmid=vmid, node=where, name=name if isinstance(name, str) else "",
-                        status=status, tags=parse_tags(record.get("tags")), template=template)
+    return PveGuest(vmid=vmid, node=where, name=name if isinstance(name, str) else "",
+                    status=status, tags=parse_tags(record.get("tags")), template=template, kind=kind)
 
 
 def _shown(value: Any, limit: int = 60) -> str:
@@ -255,47 +270,65 @@ def _shown(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def listing_from_records(records: Any, *, node: str | None = None, lxc_only: bool = True) -> Listing:
-    """Containers from a list of PVE records (QEMU guests and other types are ignored)."""
+def listing_from_records(records: Any, *, node: str | None = None, kind: str | None = None) -> Listing:
+    """Guests from a list of PVE records.
+
+    With `kind`, every record is a guest of that kind (a /nodes/<n>/lxc or /qemu index: its entries name
+    no type). Without, each record says what it is: PVE's `type` ("lxc", "qemu": /cluster/resources) or
+    fleetfix's `kind` (the cache); records of any other type are not guests and are ignored."""
     if not isinstance(records, list):
         raise DiscoveryError(f"PVE answered {type(records).__name__} where a list was expected")
-    containers: list[PveContainer] = []
+    types = pve_types()
+    guests: list[PveGuest] = []
     malformed: list[tuple[str, str]] = []
     for record in records:
-        if lxc_only and isinstance(record, dict) and record.get("type") != "lxc":
-            continue
-        parsed = container_from_record(record, node=node)
-        if isinstance(parsed, PveContainer):
-            containers.append(parsed)
+        record_kind = kind
+        if record_kind is None and isinstance(record, dict):
+            record_kind = types.get(str(record.get("type")))
+            if record_kind is None and record.get("kind") in types.values():
+                record_kind = str(record["kind"])
+            if record_kind is None:
+                continue
+        parsed = guest_from_record(record, node=node, kind=record_kind or "?")
+        if isinstance(parsed, PveGuest):
+            guests.append(parsed)
         else:
             malformed.append(parsed)
-    containers.sort(key=lambda ct: (ct.node, ct.vmid))
-    return Listing(tuple(containers), malformed=tuple(malformed))
+    guests.sort(key=lambda guest: (guest.node, guest.vmid))
+    return Listing(tuple(guests), malformed=tuple(malformed))
+
+
+def merge_listings(*listings: Listing) -> Listing:
+    """One listing of several (pvesh's per-kind indexes of one node)."""
+    guests = sorted((guest for listing in listings for guest in listing.guests),
+                    key=lambda guest: (guest.node, guest.vmid))
+    malformed = tuple(item for listing in listings for item in listing.malformed)
+    return Listing(tuple(guests), malformed=malformed)
 
 
 # --- from a listing to targets ---------------------------------------------------------------------------
 
 
 def targets_from_listing(source: ProxmoxSource, listing: Listing) -> DiscoveryResult:
-    """Apply the filter and map every in-scope running container to a Target on its node's SSH address."""
+    """Apply the filter and map every in-scope running guest to a Target on its node's SSH address."""
     result = DiscoveryResult(source=source.label, targets=[], skipped=list(listing.malformed),
                              fetched_at=listing.fetched_at)
-    in_scope = [ct for ct in listing.containers if source.filter.matches(ct)]
+    in_scope = [ct for ct in listing.guests if source.filter.matches(ct)]
     name_counts: dict[str, int] = {}
     for ct in in_scope:
         name_counts[ct.name] = name_counts.get(ct.name, 0) + 1
     node_refs: dict[str, NodeRef] = {}
     for ct in in_scope:
         if not SAFE_NAME.fullmatch(ct.node):
-            result.skipped.append((f"lxc/{ct.vmid}", f"node name {_shown(ct.node)} is not a safe name"))
+            result.skipped.append((f"{ct.kind}/{ct.vmid}", f"node name {_shown(ct.node)} is not a safe name"))
             continue
         fallback = f"{_node_label(source, ct.node)}/{ct.vmid}"
         if ct.template:
-            result.skipped.append((fallback, "a template, not a container that runs"))
+            result.skipped.append((fallback, "a template, not a guest that runs"))
             continue
         if ct.status != "running":
             why = "status unknown (is its node offline?)" if ct.status == "unknown" else ct.status
-            result.skipped.append((fallback, f"{why}: only running containers can be reached (pct exec)"))
+            result.skipped.append((fallback, f"{why}: only running guests can be reached"))
             continue
         ref = node_refs.get(ct.node)
         if ref is None:
@@ -311,8 +344,8 @@ def targets_from_listing(source: ProxmoxSource, listing: Listing) -> DiscoveryRe
                 tags.add(tag)
             else:
                 result.warnings.append(f"{source.label}: {name}: dropped tag {_shown(tag)} (not a safe name)")
-        result.targets.append(Target(name=name, node=ref, guest=GuestRef.lxc(ct.vmid), tags=frozenset(tags),
-                                     source=source.label))
+        result.targets.append(Target(name=name, node=ref, guest=GuestRef(ct.kind, ct.vmid),
+                                     tags=frozenset(tags), source=source.label))
     return result
 
 
@@ -331,13 +364,13 @@ def _node_ref(source: ProxmoxSource, pve_node: str, discovered: Mapping[str, str
     return NodeRef(name=pve_node, ssh=replace(source.node_ssh, address=address))
 
 
-def _target_name(ct: PveContainer, fallback: str, counts: Mapping[str, int], warnings: list[str]) -> str:
+def _target_name(ct: PveGuest, fallback: str, counts: Mapping[str, int], warnings: list[str]) -> str:
     if not ct.name:
         return fallback
     if not SAFE_NAME.fullmatch(ct.name) or ct.name == "all":
         warnings.append(f"{fallback}: PVE name {_shown(ct.name)} is not a safe name; using {fallback!r}")
         return fallback
     if counts.get(ct.name, 0) > 1:
-        warnings.append(f"{fallback}: PVE name {ct.name!r} is used by several containers; using {fallback!r}")
+        warnings.append(f"{fallback}: PVE name {ct.name!r} is used by several guests; using {fallback!r}")
         return fallback
     return ct.name

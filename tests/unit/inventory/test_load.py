@@ -342,6 +342,67 @@ def test_adhoc_rejects_bad_hosts(host: str) -> None:
         adhoc_targets(host)
 
 
+def test_vms_sit_beside_containers_with_the_same_names_tags_and_vars() -> None:
+    text = """
+defaults: {vars: {layer: defaults}}
+nodes:
+  - name: pve1
+    address: 10.1.2.6
+    tags: [a100]
+    vars: {layer: node, from_node: 1}
+    containers:
+      - {ctid: 200, name: train-a}
+    vms:
+      - {vmid: 300, name: gpu-vm, tags: [passthrough], vars: {layer: vm}}
+      - {vmid: 301}
+groups:
+  vms: {targets: ["ctid:300-399"], vars: {from_group: 1}}
+"""
+    inventory = parse_inventory(text)
+    targets = by_name(inventory)
+    assert list(targets) == ["train-a", "gpu-vm", "pve1/301"]  # the node has guests: not a target
+    assert targets["gpu-vm"].guest == GuestRef.vm(300) and targets["pve1/301"].guest == GuestRef.vm(301)
+    assert targets["train-a"].guest == GuestRef.lxc(200)
+    assert targets["gpu-vm"].node is targets["train-a"].node  # one connection for the node's guests
+    assert targets["gpu-vm"].tags == {"a100", "passthrough"}
+    assert targets["gpu-vm"].vars == {"layer": "vm", "from_node": 1, "from_group": 1}
+    assert targets["pve1/301"].vars == {"layer": "node", "from_node": 1, "from_group": 1}
+    assert inventory.groups["vms"] == ["gpu-vm", "pve1/301"]
+
+
+def test_a_node_with_only_vms_is_not_a_target_unless_asked() -> None:
+    text = "nodes:\n  - {name: pve1, address: 10.1.2.6, vms: [{vmid: 300}]}\n"
+    assert [t.name for t in parse_inventory(text).targets] == ["pve1/300"]
+    with_node = parse_inventory(text.replace("vms:", "include_node: true, vms:"))
+    assert [t.name for t in with_node.targets] == ["pve1", "pve1/300"]
+
+
+def test_a_vm_name_clashing_with_a_container_name_is_refused() -> None:
+    text = ("nodes:\n  - name: pve1\n    address: 10.1.2.6\n    containers: [{ctid: 200, name: a}]\n"
+            "    vms: [{vmid: 300, name: a}]\n")
+    expected = r"<inventory>:5: nodes\.0\.vms\.0\.name: duplicate target name 'a'"
+    with pytest.raises(InventoryError, match=expected):
+        parse_inventory(text)
+
+
+def test_adhoc_vms_and_containers_share_one_node() -> None:
+    targets = adhoc_targets("127.0.0.1", ctids=[200], vmids=[300, 301])
+    assert [(t.name, t.guest) for t in targets] == [
+        ("127.0.0.1/200", GuestRef.lxc(200)), ("127.0.0.1/300", GuestRef.vm(300)),
+        ("127.0.0.1/301", GuestRef.vm(301))]
+    assert targets[0].node is targets[1].node is targets[2].node
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"vmids": [99]}, "--vm 99: expected a Proxmox VM id"),
+    ({"vmids": [300, 300]}, "--vm 300 is given twice"),
+    ({"ctids": [300], "vmids": [300]}, "--vm 300 is also given as --ct 300: a node's containers and VMs"),
+])
+def test_adhoc_rejects_bad_vm_values(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        adhoc_targets("127.0.0.1", **kwargs)
+
+
 def test_local_target() -> None:
     target = local_target()
     assert (target.name, target.node.name, target.node.ssh, target.guest) == ("local", "local", None, NODE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from pathlib import Path
@@ -58,3 +59,15 @@ def test_node_facts_once_per_node_while_its_containers_are_probed() -> None:
     assert node.node_facts_waited_for_nothing, "container probes waited for the node facts"
     assert sorted(node.probed) == list(CTIDS)
     assert all(report.node is not None and report.node.hostname == "pve1" for report in reports)
+
+
+def test_a_vm_runs_its_own_kernel_so_node_facts_are_neither_gathered_nor_applied() -> None:
+    # A node with one VM: `qm guest exec` answers with the probe's JSON in qm's format; anything else
+    # (node facts) is not scripted, so the fake would refuse it.
+    status = {"exitcode": 0, "exited": 1, "out-data": HEALTHY}
+    node = FakeTransport("pve1").on(re.compile(r"^qm guest exec "), stdout=json.dumps(status))
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    with Fleet(connect=lambda _settings: node) as fleet:
+        [report] = probe_targets(fleet, [Target("gpu-vm", ref, GuestRef.vm(300))])
+    assert report.status == "ok" and report.facts is not None
+    assert report.node is None and all(call.argv[:3] == ("qm", "guest", "exec") for call in node.calls)

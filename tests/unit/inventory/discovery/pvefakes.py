@@ -10,7 +10,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fleetfix.inventory.discovery.model import ApiAccess, ContainerFilter, ProxmoxSource, TokenSecret
+from fleetfix.inventory.discovery.model import ApiAccess, GuestFilter, ProxmoxSource, TokenSecret
 from fleetfix.target import SSHSettings
 
 SECRET = "0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6"
@@ -74,7 +74,7 @@ CLUSTER_STATUS = [
 def api_source(
     *,
     name: str = "lab",
-    flt: ContainerFilter | None = None,
+    flt: GuestFilter | None = None,
     node_addresses: dict[str, str] | None = None,
     verify_tls: bool = True,
     ca_file: str | None = None,
@@ -92,7 +92,7 @@ def api_source(
     return ProxmoxSource(
         name=name,
         api=access,
-        filter=flt or ContainerFilter(),
+        filter=flt or GuestFilter(),
         node_ssh=SSHSettings(address="", user="root", port=2222),
         node_addresses=node_addresses or {},
         cache_ttl=cache_ttl,

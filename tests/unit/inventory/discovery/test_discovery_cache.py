@@ -21,7 +21,7 @@ class CountingFetch:
     def __call__(self, source: ProxmoxSource) -> Listing:
         self.calls += 1
         found = listing_from_records(self.records)
-        return Listing(found.containers, node_addresses={"pve1": "127.0.0.11"})
+        return Listing(found.guests, node_addresses={"pve1": "127.0.0.11"})
 
 
 class Clock:
@@ -51,7 +51,7 @@ def test_cache_file_is_private_and_holds_no_secret(tmp_path: Path, secret_env: s
     path = cache_path(tmp_path, api_source())
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     assert secret_env not in path.read_text()
-    assert json.loads(path.read_text())["containers"][0]["vmid"] == 200
+    assert json.loads(path.read_text())["guests"][0]["vmid"] == 200
 
 
 def test_refresh_bypasses_the_cache(tmp_path: Path) -> None:
@@ -81,12 +81,12 @@ def test_a_cache_for_another_endpoint_or_token_is_ignored(tmp_path: Path) -> Non
 
 
 def test_filter_changes_apply_to_a_cached_listing(tmp_path: Path) -> None:
-    from fleetfix.inventory.discovery.model import ContainerFilter
+    from fleetfix.inventory.discovery.model import GuestFilter
 
     fetch = CountingFetch(ct(200, "a", tags="gpu"), ct(201, "b"))
     discoverer = Discoverer(state_dir=tmp_path, fetch=fetch)
     discoverer.discover(api_source(cache_ttl=300))
-    narrowed = discoverer.discover(api_source(cache_ttl=300, flt=ContainerFilter(tags=("gpu",))))
+    narrowed = discoverer.discover(api_source(cache_ttl=300, flt=GuestFilter(tags=("gpu",))))
     assert narrowed.from_cache and [t.name for t in narrowed.targets] == ["a"]
 
 

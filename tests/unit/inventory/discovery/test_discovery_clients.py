@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from fleetfix.inventory.discovery.clients import (
     node_addresses_from_status,
 )
 from fleetfix.inventory.discovery.discoverer import Discoverer
-from fleetfix.inventory.discovery.model import ProxmoxSource, SshAccess, TokenSecret
+from fleetfix.inventory.discovery.model import GuestFilter, ProxmoxSource, SshAccess, TokenSecret
 from fleetfix.target import NodeRef, SSHSettings
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import ANY, FakeTransport
@@ -37,7 +39,8 @@ def test_one_call_when_node_addresses_cover_every_node(secret_env: str) -> None:
     fake = FakeProxmox({"cluster/resources": RESOURCES})
     found = fetch_api_listing(api_source(node_addresses={"pve1": "127.0.0.5"}), api_factory=fake.factory)
     assert fake.calls == [("cluster/resources", {"type": "vm"})]
-    assert [c.vmid for c in found.containers] == [200, 201]
+    # Every guest of the cluster is in the listing, a qemu one as a VM; the filter decides later.
+    assert [(c.kind, c.vmid) for c in found.guests] == [("vm", 100), ("lxc", 200), ("lxc", 201)]
 
 
 def test_cluster_status_supplies_node_addresses_when_needed(secret_env: str) -> None:
@@ -203,9 +206,13 @@ def test_node_addresses_from_status_keeps_only_real_ips() -> None:
 # --- pvesh over fleetfix's SSH transport ------------------------------------------------------------------
 
 
-def node_answering(result: CommandResult) -> FakeTransport:
-    """A node connection answering every command (pvesh) with result, recording what it was asked."""
-    return FakeTransport("pve1").on(ANY, result)
+def node_answering(result: CommandResult, vms: CommandResult | None = None) -> FakeTransport:
+    """A node connection answering pvesh (`result` for the container index, `vms` for the VM index;
+    `result` for both when `vms` is not given), recording what it was asked."""
+    node = FakeTransport("pve1")
+    if vms is not None:
+        node.on(re.compile(r"/qemu\b"), vms)
+    return node.on(ANY, result)
 
 
 def ssh_source(settings: SSHSettings | None = None) -> ProxmoxSource:
@@ -225,7 +232,8 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
                 {"vmid": 201, "name": "x;$(touch /tmp/canary)", "status": "running", "type": "lxc"},
                 {"vmid": 202, "name": "off", "status": "stopped", "type": "lxc"},
             ]
-        )
+        ),
+        vms=pvesh_ok([{"vmid": 300, "name": "gpu-vm", "status": "running"}]),  # no "type" in this index
     )
     seen: list[SSHSettings] = []
 
@@ -237,13 +245,20 @@ def test_ssh_discovery_runs_pvesh_through_fleetfix_transport() -> None:
     assert source.ssh is not None
     with Fleet(connect=connect) as fleet:
         found = fetch_ssh_listing(source, fleet=fleet)
-    pvesh = ("pvesh", "get", "/nodes/pve1/lxc", "--output-format", "json")
-    assert [call.argv for call in connection.calls] == [pvesh]
+    assert [call.argv for call in connection.calls] == [
+        ("pvesh", "get", "/nodes/pve1/lxc", "--output-format", "json"),
+        ("pvesh", "get", "/nodes/pve1/qemu", "--output-format", "json")]
     assert seen == [source.ssh.node.ssh]  # the node's own settings: known_hosts policy and all
+    assert [(guest.kind, guest.vmid) for guest in found.guests] == [
+        ("lxc", 200), ("lxc", 201), ("lxc", 202), ("vm", 300)]
     result = Discoverer(fetch=lambda _: found).discover(source)
-    assert sorted(t.name for t in result.targets) == ["pve1/201", "train-a"]
+    assert sorted(t.name for t in result.targets) == ["pve1/201", "train-a"]  # VMs only when asked for
     assert all(t.node is source.ssh.node for t in result.targets)
     assert [label for label, _ in result.skipped] == ["pve1/202"]
+    with_vms = replace(source, filter=GuestFilter(kinds=("lxc", "vm")))
+    both = Discoverer(fetch=lambda _: found).discover(with_vms)
+    assert {t.name: (t.guest.kind, t.guest.id) for t in both.targets} == {
+        "train-a": ("lxc", 200), "pve1/201": ("lxc", 201), "gpu-vm": ("vm", 300)}
 
 
 @pytest.mark.parametrize(

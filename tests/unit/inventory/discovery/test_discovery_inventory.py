@@ -28,7 +28,7 @@ class Recorder:
     def __call__(self, source: ProxmoxSource) -> DiscoveryResult:
         self.sources.append(source)
         found = listing_from_records(self.records)
-        return targets_from_listing(source, Listing(found.containers, node_addresses=self.addresses))
+        return targets_from_listing(source, Listing(found.guests, node_addresses=self.addresses))
 
 
 API_SOURCE = """
@@ -69,6 +69,7 @@ def test_api_source_is_parsed_with_defaults_layered_under_its_ssh_section() -> N
     assert source.api.secret.env == "PVE_TOKEN_SECRET" and source.api.verify_tls
     assert source.filter.tags == ("gpu",) and source.filter.statuses == ("running",)
     assert source.filter.names == ("train-*",) and source.filter.nodes == ("pve1",)
+    assert source.filter.kinds == ("lxc",)  # VMs only when the filter names them
     assert (source.node_ssh.user, source.node_ssh.port, source.node_ssh.identity_file) == (
         "admin",
         22,
@@ -163,6 +164,16 @@ def test_a_discovered_name_equal_to_a_group_name_falls_back() -> None:
     assert [t.name for t in inventory.targets] == ["pve1/200"]
 
 
+@pytest.mark.parametrize(("snippet", "kinds"), [
+    ("    filter: {guests: [lxc, vm]}\n", ("lxc", "vm")),
+    ("    filter: {guests: vm}\n", ("vm",)),
+])
+def test_the_filter_can_take_vms_in(snippet: str, kinds: tuple[str, ...]) -> None:
+    recorder = Recorder()
+    load(API_SOURCE + snippet, recorder)
+    assert recorder.sources[0].filter.kinds == kinds
+
+
 @pytest.mark.parametrize(
     ("snippet", "expected"),
     [
@@ -179,6 +190,7 @@ def test_a_discovered_name_equal_to_a_group_name_falls_back() -> None:
         ("    pve_node: pve1\n", r"proxmox\.0\.pve_node: only for a 'via_ssh' source"),
         ("    filter: {status: paused}\n", r"proxmox\.0\.filter\.status"),
         ("    filter: {tags: gpu}\n", r"proxmox\.0\.filter\.tags"),
+        ("    filter: {guests: [lxc, qemu]}\n", r"proxmox\.0\.filter\.guests"),
         (
             "    node_addresses: {pve1: '-oProxyCommand=x'}\n",
             r"proxmox\.0\.node_addresses\.pve1: expected a host",

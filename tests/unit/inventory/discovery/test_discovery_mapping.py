@@ -8,10 +8,10 @@ from pvefakes import api_source, ct
 from fleetfix.errors import DiscoveryError
 from fleetfix.inventory.discovery.model import (
     SAFE_NAME,
-    ContainerFilter,
+    GuestFilter,
     Listing,
-    PveContainer,
-    container_from_record,
+    PveGuest,
+    guest_from_record,
     listing_from_records,
     parse_tags,
     targets_from_listing,
@@ -25,7 +25,7 @@ ADDRESSES = {"pve1": "127.0.0.11", "pve2": "127.0.0.12"}
 
 def listing(*records: dict[str, object]) -> Listing:
     found = listing_from_records(list(records))
-    return Listing(found.containers, node_addresses=ADDRESSES, malformed=found.malformed)
+    return Listing(found.guests, node_addresses=ADDRESSES, malformed=found.malformed)
 
 
 def test_safe_name_is_the_inventory_name_pattern() -> None:
@@ -93,15 +93,15 @@ def test_template_and_unknown_status_are_skipped() -> None:
 @pytest.mark.parametrize(
     ("flt", "expected"),
     [
-        (ContainerFilter(tags=("gpu",)), {"train-a", "train-b"}),
-        (ContainerFilter(tags=("a1*",)), {"train-b"}),
-        (ContainerFilter(names=("train-*",)), {"train-a", "train-b"}),
-        (ContainerFilter(nodes=("pve2",)), {"web"}),
-        (ContainerFilter(tags=("gpu",), nodes=("pve1",), names=("*-b",)), {"train-b"}),
-        (ContainerFilter(), {"train-a", "train-b", "web"}),
+        (GuestFilter(tags=("gpu",)), {"train-a", "train-b"}),
+        (GuestFilter(tags=("a1*",)), {"train-b"}),
+        (GuestFilter(names=("train-*",)), {"train-a", "train-b"}),
+        (GuestFilter(nodes=("pve2",)), {"web"}),
+        (GuestFilter(tags=("gpu",), nodes=("pve1",), names=("*-b",)), {"train-b"}),
+        (GuestFilter(), {"train-a", "train-b", "web"}),
     ],
 )
-def test_filters(flt: ContainerFilter, expected: set[str]) -> None:
+def test_filters(flt: GuestFilter, expected: set[str]) -> None:
     result = targets_from_listing(
         api_source(flt=flt),
         listing(
@@ -113,10 +113,10 @@ def test_filters(flt: ContainerFilter, expected: set[str]) -> None:
 
 def test_status_filter_leaves_stopped_containers_out_of_scope_entirely() -> None:
     records = [ct(200, "a"), ct(201, "b", status="stopped")]
-    scoped = targets_from_listing(api_source(flt=ContainerFilter(statuses=("running",))), listing(*records))
+    scoped = targets_from_listing(api_source(flt=GuestFilter(statuses=("running",))), listing(*records))
     assert [t.name for t in scoped.targets] == ["a"] and scoped.skipped == []
     only_stopped = targets_from_listing(
-        api_source(flt=ContainerFilter(statuses=("stopped",))), listing(*records)
+        api_source(flt=GuestFilter(statuses=("stopped",))), listing(*records)
     )
     assert only_stopped.targets == [] and [label for label, _ in only_stopped.skipped] == ["pve1/201"]
 
@@ -158,35 +158,54 @@ def test_hostile_node_name_skips_its_containers() -> None:
 def test_node_without_address_is_skipped_and_node_addresses_override_wins() -> None:
     found = listing_from_records([ct(200, "a", node="pve3"), ct(201, "b")])
     no_ip = targets_from_listing(
-        api_source(), Listing(found.containers, node_addresses={"pve1": "127.0.0.11"})
+        api_source(), Listing(found.guests, node_addresses={"pve1": "127.0.0.11"})
     )
     assert [t.name for t in no_ip.targets] == ["b"]
     assert "node_addresses" in dict(no_ip.skipped)["pve3/200"]
     override = targets_from_listing(
         api_source(node_addresses={"pve1": "127.0.0.99", "pve3": "127.0.0.3"}),
-        Listing(found.containers, node_addresses={"pve1": "127.0.0.11"}),
+        Listing(found.guests, node_addresses={"pve1": "127.0.0.11"}),
     )
     addresses = {t.name: t.node.ssh.address for t in override.targets if t.node.ssh}
     assert addresses == {"a": "127.0.0.3", "b": "127.0.0.99"}
 
 
-def test_qemu_guests_are_ignored_and_malformed_records_reported() -> None:
+def test_qemu_guests_are_vms_other_types_ignored_and_malformed_records_reported() -> None:
     records = [
         {"type": "qemu", "vmid": 100, "name": "vm", "node": "pve1", "status": "running"},
+        {"type": "storage", "id": "storage/pve1/local", "node": "pve1", "status": "available"},
         ct(200, "a"),
         {"type": "lxc", "vmid": "x"},
         {"type": "lxc", "vmid": True, "node": "pve1"},
         {"type": "lxc", "vmid": 202, "node": "pve1"},
+        {"type": "qemu", "vmid": 203, "status": "running"},
         "junk",
     ]
-    found = listing_from_records(records, lxc_only=True)
-    assert [c.vmid for c in found.containers] == [200]
-    assert [reason.split(" (")[0] for _, reason in found.malformed] == [
-        "PVE returned a container without a valid vmid",
-        "PVE returned a container without a valid vmid",
-        "PVE returned no status for this container",
-        "PVE returned an entry that is not an object",
+    found = listing_from_records(records)
+    assert [(c.kind, c.vmid) for c in found.guests] == [("vm", 100), ("lxc", 200)]
+    assert [(label, reason.split(" (")[0]) for label, reason in found.malformed] == [
+        ("?", "PVE returned a guest without a valid vmid"),
+        ("?", "PVE returned a guest without a valid vmid"),
+        ("lxc/202", "PVE returned no status for this guest"),
+        ("vm/203", "PVE returned no node for this guest"),
+        ("?", "PVE returned an entry that is not an object"),
     ]
+
+
+def test_vms_are_targets_only_when_the_filter_asks_for_them() -> None:
+    records = [ct(200, "train-a"), {"type": "qemu", "vmid": 300, "name": "gpu-vm", "node": "pve1",
+                                    "status": "running"},
+               {"type": "qemu", "vmid": 301, "name": "VM 301", "node": "pve1", "status": "stopped"}]
+    default = targets_from_listing(api_source(), listing(*records))
+    assert [t.name for t in default.targets] == ["train-a"] and default.skipped == []
+    both = targets_from_listing(api_source(flt=GuestFilter(kinds=("lxc", "vm"))), listing(*records))
+    assert {t.name: (t.guest.kind, t.guest.id) for t in both.targets} == {
+        "train-a": ("lxc", 200), "gpu-vm": ("vm", 300)}
+    # PVE's "VM <id>" is no name (no unsafe-name warning); a stopped VM is skipped like a stopped CT.
+    assert both.skipped == [("pve1/301", "stopped: only running guests can be reached")]
+    assert both.warnings == []
+    only_vms = targets_from_listing(api_source(flt=GuestFilter(kinds=("vm",))), listing(*records))
+    assert [t.name for t in only_vms.targets] == ["gpu-vm"]
 
 
 def test_a_listing_that_is_not_a_list_is_an_error() -> None:
@@ -195,7 +214,7 @@ def test_a_listing_that_is_not_a_list_is_an_error() -> None:
 
 
 def test_node_listing_pins_every_container_to_that_node() -> None:
-    parsed = container_from_record(
+    parsed = guest_from_record(
         {"vmid": 200, "name": "a", "status": "running", "node": "elsewhere"}, node="pve1"
     )
-    assert isinstance(parsed, PveContainer) and parsed.node == "pve1"
+    assert isinstance(parsed, PveGuest) and parsed.node == "pve1"

@@ -1,0 +1,229 @@
+"""A Proxmox VM as a guest: commands through the QEMU guest agent with `qm guest exec` on the node, and
+`qm snapshot`/`rollback` on the node (`base.ProxmoxGuest`).
+
+What `qm guest exec` does (qemu-server `src/PVE/CLI/qm.pm` `exec`, `PVE/QemuServer/Agent.pm`; QEMU
+`qga/commands.c`; docs/findings.md "Proxmox VMs (qm)" has each fact with its source):
+
+- `qm guest exec VMID [--pass-stdin 1] [--timeout N] -- CMD ARGS...` asks the agent inside the VM to spawn
+  CMD (an argv, no shell), then polls the agent's `guest-exec-status` about once a second until CMD has
+  exited or N seconds have passed (default 30; 0: no limit). It prints one JSON object on stdout and exits
+  0 whatever CMD's exit code: `exited` (1/0), `exitcode` or `signal`, `out-data`/`err-data` (the whole
+  output, only at the end) and `out-truncated`/`err-truncated`. When N runs out it warns `timeout reached,
+  returning pid` and prints only `{"pid": P}`: CMD goes on running in the VM.
+- `--pass-stdin 1` reads qm's stdin to EOF and hands it to the agent as `input-data`, at most 1 MiB
+  (`'input-data' (STDIN) is limited to 1 MiB, aborting`). Without it CMD's stdin is /dev/null.
+- qm's own failures are a Perl `die`: one line on stderr, a non-zero exit, no JSON. `No QEMU guest agent
+  configured` (no `agent:` line in the VM's config), `VM VMID is not running`, `QEMU guest agent is not
+  running` (no answer to guest-ping within 3 s), `Configuration file 'nodes/NODE/qemu-server/VMID.conf'
+  does not exist`, `Agent error: ...`.
+- The agent (qemu-ga, as root) spawns CMD with the agent's own environment (not the caller's) and in the
+  agent's process group: a `kill 0` in CMD would kill qemu-ga itself. It keeps at most 16 MiB of each
+  stream and drops the rest (the truncated flag). It has no command to kill what it spawned.
+
+So: scripts go on stdin to `/bin/sh -s` (the probe is ~35 KB); stdin over 1 MiB is first staged into a
+temporary file in the VM, 1 MiB per call, then redirected into the command. The environment is given
+explicitly (`env -i`), as in containers. With a timeout, transport/remote.py's watchdog runs inside the VM
+in a session of its own (`setsid`), so its `kill -KILL 0` ends the command's process group and never the
+agent; qm's own limit and the node's are later backstops. Output arrives in one piece at the end (the agent
+cannot stream), and cut output is an error, never quietly short facts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
+
+from fleetfix.errors import GuestError, TransportError
+from fleetfix.guests.base import ProxmoxGuest
+from fleetfix.transport.base import CommandResult, OutputSink, Transport
+from fleetfix.transport.remote import TIMEOUT_MARKER, watchdog_seconds, with_watchdog
+
+# qm.pm `exec`: "'input-data' (STDIN) is limited to 1 MiB" (more than 1024 * 1024 bytes dies).
+QM_STDIN_LIMIT = 1024 * 1024
+# qga/commands.c GUEST_EXEC_MAX_OUTPUT: what the agent keeps of each stream.
+QGA_OUTPUT_LIMIT = 16 * 1024 * 1024
+VM_ENV: tuple[str, ...] = (
+    "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "LANG=C.UTF-8",
+    "DEBIAN_FRONTEND=noninteractive",
+)
+# qm stops waiting this long after the VM's watchdog should have killed the command (qm polls once a
+# second); the node's SSH-side watchdog waits longer still (qm also reads stdin, loads the config and pings
+# the agent, up to 3 s, before it starts the command).
+QM_BACKSTOP_SECONDS = 5
+NODE_BACKSTOP_SECONDS = 15
+TIMEOUT_EXIT_CODE = 124
+# The staged stdin: created by mktemp in the VM, redirected into the command and unlinked before it runs.
+_STAGE_FIRST = 'umask 077 && f=$(mktemp /tmp/fleetfix-stdin.XXXXXXXX) && cat > "$f" && printf %s "$f"'
+_STAGE_MORE = 'cat >> "$1"'
+_FROM_STAGED = 'exec <"$1" && rm -f "$1" && shift && exec "$@"'
+_STAGED_PATH = re.compile(r"/tmp/fleetfix-stdin\.[A-Za-z0-9]+")
+
+
+def vm_command(argv: Sequence[str], timeout: float | None) -> tuple[str, ...]:
+    """What the agent spawns: argv under a clean environment and, with a timeout, under the watchdog in a
+    new session. The agent's child is never a process-group leader (g_spawn only forks), so `setsid` calls
+    setsid(2) and execs in place, and the exit status is the command's."""
+    inner: tuple[str, ...] = tuple(argv)
+    if timeout is not None:
+        inner = ("setsid", *with_watchdog(argv, timeout))
+    return ("env", "-i", *VM_ENV, *inner)
+
+
+def qm_exec_argv(vmid: int, argv: Sequence[str], *, timeout: float | None, pass_stdin: bool
+                 ) -> tuple[str, ...]:
+    """The node-side argv. qm's own wait is always given: its default (30 s) would return early."""
+    qm_timeout = 0 if timeout is None else watchdog_seconds(timeout) + QM_BACKSTOP_SECONDS
+    stdin = ("--pass-stdin", "1") if pass_stdin else ()
+    return ("qm", "guest", "exec", str(vmid), "--timeout", str(qm_timeout), *stdin, "--",
+            *vm_command(argv, timeout))
+
+
+def agent_bytes(value: object) -> bytes:
+    """An `out-data`/`err-data` value as the command's bytes.
+
+    qm decodes the agent's base64 into a Perl byte string and prints it with a UTF-8 JSON encoder, so each
+    byte arrives as the character with that number (U+0000..U+00FF): latin-1 gives the bytes back. A value
+    with higher characters was decoded as text by some other qm version: taken as UTF-8 text then."""
+    if not isinstance(value, str):
+        return b""
+    try:
+        return value.encode("latin-1")
+    except UnicodeEncodeError:
+        return value.encode("utf-8")
+
+
+def qm_error(result: CommandResult, vmid: int, node: str) -> GuestError:
+    """Why qm did not run the command (it printed no JSON), as one line for this target."""
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    known = {
+        "No QEMU guest agent configured": f"VM {vmid} on {node} has no QEMU guest agent configured "
+        f"(enable it: qm set {vmid} --agent enabled=1, and install qemu-guest-agent in the VM)",
+        f"VM {vmid} is not running": f"VM {vmid} on {node} is stopped",
+        "QEMU guest agent is not running": f"VM {vmid} on {node}: the QEMU guest agent is not running "
+        "(install and start qemu-guest-agent in the VM)",
+    }
+    missing = re.compile(rf"Configuration file 'nodes/[^/']+/qemu-server/{vmid}\.conf' does not exist")
+    for line in reversed(lines):  # qm's die is its last line; the login shell may have warned before it
+        if line in known:
+            return GuestError(known[line])
+        if missing.fullmatch(line):
+            return GuestError(f"VM {vmid} does not exist on {node}")
+    if result.exit_code == 127:
+        return GuestError(f"{node}: qm not found (is this a Proxmox VE node?)")
+    last = lines[-1] if lines else f"exit {result.exit_code}, no output"
+    return GuestError(f"VM {vmid} on {node}: qm guest exec failed: {last[:300]}")
+
+
+def exec_result(status: Mapping[str, Any], *, duration: float, timeout: float | None, where: str
+                ) -> CommandResult:
+    """qm's JSON as a CommandResult. Raises TransportError when the agent cut the output."""
+    if not status.get("exited"):  # qm's own wait ran out: it printed the pid only
+        pid = status.get("pid")
+        why = (f"fleetfix: qm guest exec stopped waiting; the command (pid {pid} in the VM) had not "
+               "exited\n")
+        return CommandResult(TIMEOUT_EXIT_CODE, "", why, duration, timed_out=True)
+    out, err = agent_bytes(status.get("out-data")), agent_bytes(status.get("err-data"))
+    for key, stream, data in (("out-truncated", "stdout", out), ("err-truncated", "stderr", err)):
+        # Older agents report a cut stream with the flag present but false (fixed in QEMU 10.1, 2025): a
+        # stream at the agent's limit counts as cut whatever the flag says.
+        if status.get(key) or len(data) >= QGA_OUTPUT_LIMIT:
+            raise TransportError(f"{where}: the QEMU guest agent cut the command's {stream} at "
+                                 f"{QGA_OUTPUT_LIMIT // (1024 * 1024)} MiB; its output is incomplete")
+    stdout, stderr = out.decode("utf-8", errors="replace"), err.decode("utf-8", errors="replace")
+    signal = status.get("signal")
+    if isinstance(signal, int) and not isinstance(signal, bool):
+        # The VM's watchdog kills with SIGKILL after its marker line; any other death is the command's.
+        fired = any(line.startswith(TIMEOUT_MARKER) for line in stderr.splitlines())
+        if timeout is not None and fired:
+            return CommandResult(TIMEOUT_EXIT_CODE, stdout, stderr, duration, timed_out=True)
+        return CommandResult(128 + signal, stdout, stderr, duration)
+    code = status.get("exitcode")
+    if isinstance(code, bool) or not isinstance(code, int):
+        raise TransportError(f"{where}: qm guest exec reported neither an exit code nor a signal")
+    return CommandResult(code, stdout, stderr, duration)
+
+
+class QmGuestExecTransport:
+    """Runs commands in VM `vmid` through `node` (the node's connection or transport, shared, not owned)."""
+
+    def __init__(
+        self, connection: Transport, vmid: int, *, node_name: str | None = None, label: str | None = None
+    ) -> None:
+        self.connection = connection
+        self.vmid = vmid
+        self.node_name = node_name or connection.label
+        self.label = label or f"{self.node_name}/{vmid}"
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
+    ) -> CommandResult:
+        """Raises GuestError when qm could not run the command (VM stopped or missing, no agent) and
+        TransportError when the agent cut its output; otherwise the command's own result. on_output sees
+        the output once, when the command has ended."""
+        if not argv:
+            raise ValueError("empty argv")
+        started = time.monotonic()
+        command: tuple[str, ...] = tuple(argv)
+        if len(stdin) > QM_STDIN_LIMIT:
+            command = ("/bin/sh", "-c", _FROM_STAGED, "sh", self._stage(stdin, timeout), *command)
+            stdin = b""
+        result = self._qm(command, stdin, timeout)
+        result = CommandResult(result.exit_code, result.stdout, result.stderr, time.monotonic() - started,
+                               result.timed_out)
+        if on_output is not None:
+            if result.stdout:
+                on_output("stdout", result.stdout.encode())
+            if result.stderr:
+                on_output("stderr", result.stderr.encode())
+        return result
+
+    def _qm(self, command: Sequence[str], stdin: bytes, timeout: float | None) -> CommandResult:
+        argv = qm_exec_argv(self.vmid, command, timeout=timeout, pass_stdin=bool(stdin))
+        node_timeout = None if timeout is None else (
+            watchdog_seconds(timeout) + QM_BACKSTOP_SECONDS + NODE_BACKSTOP_SECONDS)
+        result = self.connection.execute(argv, stdin=stdin, timeout=node_timeout)
+        if result.timed_out:  # the node's watchdog ended qm itself
+            why = "fleetfix: qm guest exec did not return in time\n"
+            return CommandResult(TIMEOUT_EXIT_CODE, "", why + result.stderr, result.duration, timed_out=True)
+        try:
+            status = json.loads(result.stdout) if result.exit_code == 0 else None
+        except ValueError:
+            status = None
+        if not isinstance(status, dict):
+            if result.exit_code == 0:
+                raise GuestError(f"VM {self.vmid} on {self.node_name}: qm guest exec printed no JSON result")
+            raise qm_error(result, self.vmid, self.node_name)
+        where = f"VM {self.vmid} on {self.node_name}"
+        return exec_result(status, duration=result.duration, timeout=timeout, where=where)
+
+    def _stage(self, data: bytes, timeout: float | None) -> str:
+        """Write data to a new file in the VM, at most QM_STDIN_LIMIT bytes per qm call; its path."""
+        pieces = [data[at:at + QM_STDIN_LIMIT] for at in range(0, len(data), QM_STDIN_LIMIT)]
+        made = self._qm(("/bin/sh", "-c", _STAGE_FIRST), pieces[0], timeout)
+        path = made.stdout
+        if not made.ok or not _STAGED_PATH.fullmatch(path):
+            raise TransportError(f"VM {self.vmid} on {self.node_name}: staging stdin in the VM failed: "
+                                 f"{(made.stderr.strip().splitlines() or [f'exit {made.exit_code}'])[-1]}")
+        for piece in pieces[1:]:
+            more = self._qm(("/bin/sh", "-c", _STAGE_MORE, "sh", path), piece, timeout)
+            if not more.ok:
+                self._qm(("rm", "-f", path), b"", timeout)
+                raise TransportError(f"VM {self.vmid} on {self.node_name}: staging stdin in the VM failed "
+                                     f"(exit {more.exit_code})")
+        return path
+
+
+class VmGuest(ProxmoxGuest):
+    kind: ClassVar[str] = "vm"
+    tool: ClassVar[str] = "qm"
+    pve_type: ClassVar[str | None] = "qemu"
+    shares_node_kernel: ClassVar[bool] = False
+
+    def transport(self) -> Transport:
+        return QmGuestExecTransport(self.node, self.id, node_name=self.target.node.name,
+                                    label=self.target.name)
