@@ -139,3 +139,11 @@ def test_the_layer_check_sees_deferred_imports(tmp_path: Path) -> None:
     source = tmp_path / "mod.py"
     source.write_text("def f():\n    from fleetfix.cli import main\n    return main\n")
     assert list(imported(source, set(modules()))) == ["fleetfix.cli"]
+
+
+def test_test_modules_have_unique_names() -> None:
+    # pytest imports test modules by basename (no __init__.py in the test folders): two files of one
+    # name break collection of the whole suite, which a run of one folder does not show.
+    tests = Path(__file__).resolve().parents[1]
+    names = [path.name for path in tests.rglob("test_*.py")]
+    assert sorted({name for name in names if names.count(name) > 1}) == []
