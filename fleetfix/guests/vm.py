@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 from fleetfix.errors import GuestError, TransportError
 from fleetfix.guests.base import ProxmoxGuest
-from fleetfix.transport.base import CommandResult, OutputSink, Transport
+from fleetfix.transport.base import CommandResult, OutputSink, Transport, replay_output
 from fleetfix.transport.remote import TIMEOUT_MARKER, watchdog_seconds, with_watchdog
 
 # qm.pm `exec`: "'input-data' (STDIN) is limited to 1 MiB" (more than 1024 * 1024 bytes dies).
@@ -175,12 +175,7 @@ class QmGuestExecTransport:
         result = self._qm(command, stdin, timeout)
         result = CommandResult(result.exit_code, result.stdout, result.stderr, time.monotonic() - started,
                                result.timed_out)
-        if on_output is not None:
-            if result.stdout:
-                on_output("stdout", result.stdout.encode())
-            if result.stderr:
-                on_output("stderr", result.stderr.encode())
-        return result
+        return replay_output(result, on_output)  # qm answers once, at the end
 
     def _qm(self, command: Sequence[str], stdin: bytes, timeout: float | None) -> CommandResult:
         argv = qm_exec_argv(self.vmid, command, timeout=timeout, pass_stdin=bool(stdin))

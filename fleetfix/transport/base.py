@@ -59,6 +59,17 @@ class Transport(Protocol):
         ...
 
 
+def replay_output(result: CommandResult, on_output: OutputSink | None) -> CommandResult:
+    """Hand a finished result's output to on_output (stdout, then stderr, each as one chunk), for
+    transports that only get the output at the end; returns the result."""
+    if on_output is not None:
+        if result.stdout:
+            on_output("stdout", result.stdout.encode())
+        if result.stderr:
+            on_output("stderr", result.stderr.encode())
+    return result
+
+
 def run_script(
     transport: Transport, script: str, *, timeout: float | None = None, on_output: OutputSink | None = None
 ) -> CommandResult:

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fleetfix.transport.base import SHELL_STDIN, CommandResult, OutputSink, command_line
+from fleetfix.transport.base import SHELL_STDIN, CommandResult, OutputSink, command_line, replay_output
 
 Responder = Callable[["FakeCall"], CommandResult]
 ANY = re.compile("")  # a pattern matching every call
@@ -94,13 +94,7 @@ class FakeTransport:
         on_output: OutputSink | None = None,
     ) -> CommandResult:
         """The scripted result; on_output gets its stdout, then its stderr, each as one chunk."""
-        result = self._respond(argv, stdin, timeout)
-        if on_output is not None:
-            if result.stdout:
-                on_output("stdout", result.stdout.encode())
-            if result.stderr:
-                on_output("stderr", result.stderr.encode())
-        return result
+        return replay_output(self._respond(argv, stdin, timeout), on_output)
 
     def _respond(self, argv: Sequence[str], stdin: bytes, timeout: float | None) -> CommandResult:
         call = FakeCall(tuple(argv), stdin, timeout)
