@@ -1,7 +1,8 @@
 """The fleet runner: run one function per target, concurrently, over one SSH connection per node.
 
 Shape of a run (`Fleet.map`):
-- targets are grouped by node (`SSHSettings.key`); at most `forks` nodes are worked on at once;
+- targets are grouped by node (`SSHSettings.key`: every setting that affects trust, so two nodes share a
+  connection only when they would be trusted the same way); at most `forks` nodes are worked on at once;
 - each node's connection is opened lazily, once for the Fleet's lifetime, under a per-node lock, and shared
   by the node and all its containers; a node that cannot be connected marks all its targets
   "unreachable" with the same one-line reason, after one attempt;

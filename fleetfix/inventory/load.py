@@ -197,7 +197,7 @@ def _add_discovered(
 
 def _guest_key(target: Target) -> tuple[Any, int | None]:
     ssh = target.node.ssh
-    return (ssh.key if ssh is not None else target.node.name, target.guest.id)
+    return (ssh.endpoint if ssh is not None else target.node.name, target.guest.id)
 
 
 def _pick(node: NodeModel, defaults: DefaultsModel, field: str) -> Any:
