@@ -13,6 +13,7 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     │   │   ├── ConnectTimeoutError     TCP connect or SSH handshake timed out
     │   │   └── NameResolutionError     the host name does not resolve
     │   ├── AuthenticationError         key rejected, no usable key
+    │   │   └── KeyPermissionError      private key readable by others (refused as by OpenSSH)
     │   ├── HostKeyError                host key not trusted
     │   │   ├── UnknownHostKeyError     no entry in known_hosts (use --accept-new to record it)
     │   │   └── ChangedHostKeyError     entry differs: possible man-in-the-middle, never accepted
@@ -122,6 +123,10 @@ class NameResolutionError(ConnectError):
 class AuthenticationError(TransportError):
     hint = ("check --user, and that the node's ~/.ssh/authorized_keys lists your public key; pick the key "
             "with --identity FILE (inventory: identity_file) or load it with `ssh-add`")
+
+
+class KeyPermissionError(AuthenticationError):
+    hint = "chmod 600 the key file (OpenSSH refuses it too)"
 
 
 class HostKeyError(TransportError):

@@ -105,7 +105,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
 
 @audit_group.command("history")
 @_DB
-@click.option("-n", "--last", "count", type=click.IntRange(1), default=20, show_default=True,
+@click.option("-n", "--last", "count", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
               help="How many runs.")
 @report_options("audit-history")
 @handle_errors

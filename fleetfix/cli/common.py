@@ -69,7 +69,7 @@ def targeting_options(func: F) -> F:
                      help="Record unknown host keys (never accepts a changed key)."),
         click.option("--ct", "ctids", type=click.IntRange(1, 999_999_999), multiple=True, metavar="CTID",
                      help="Container on --host (repeatable). Without it, the node itself."),
-        click.option("--connect-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True,
+        click.option("--connect-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
                      help="Seconds to wait for an SSH connection."),
         click.option("--forks", type=click.IntRange(1, 1000), default=DEFAULT_FORKS, show_default=True,
                      help="Nodes worked on at once."),
@@ -161,7 +161,7 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                      help=text("Set a playbook var (repeatable).")),
         click.option("--check", is_flag=True,
                      help=text("Run only `when` and `check`: report what would change, change nothing.")),
-        click.option("--serial", type=click.IntRange(1), default=None,
+        click.option("--serial", type=click.IntRange(1, 1_000_000), default=None,
                      help=text("Roll out in batches of N targets.")),
         click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
                      help=text("Stop starting new batches once more than PCT% of targets failed.")),
@@ -173,7 +173,7 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                                "--check mode).")),
         click.option("--rollback-on-failure", is_flag=True,
                      help=text("Roll back a guest whose apply failed (implies --snapshot).")),
-        click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
+        click.option("--keep-snapshots", type=click.IntRange(1, 1000), default=None, metavar="N",
                      help=text("Keep only the N newest fleetfix-* snapshots per guest (implies "
                                "--snapshot).")),
         click.option("--allow-no-snapshot", is_flag=True,
@@ -223,11 +223,23 @@ class ReportChoice:
         return self.stdout.name != "text"
 
     def emit(self, run: Any, **options: Any) -> None:
-        """Write the file reports, then print the stdout report."""
+        """Write the file reports, then print the stdout report. A reader that went away (`| head`)
+        is not the command's failure: the rest of the output is dropped and its exit code stands."""
         for report_format, path in self.files:
             write_report(path, report_format.render(run, **options))
-        sys.stdout.write(self.stdout.render(run, **options))
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(self.stdout.render(run, **options))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            stdout_gone()
+
+
+def stdout_gone() -> None:
+    """The reader of stdout has gone: send whatever is still written there to /dev/null, so that
+    neither a later write nor the interpreter's final flush raises (Python docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def report_options(kind: str) -> Callable[[F], F]:
@@ -331,6 +343,10 @@ def handle_errors(func: F) -> F:
             except KeyboardInterrupt:
                 click.echo("fleetfix: interrupted", err=True)
                 sys.exit(ExitCode.INTERRUPTED)
+            except BrokenPipeError:  # stdout closed early, outside a report: no traceback for that
+                stdout_gone()
+                click.echo("fleetfix: error: output closed early (broken pipe)", err=True)
+                sys.exit(ExitCode.FAILED)
             if interrupts.interrupted:  # the command wrapped up after a Ctrl-C: say so in the exit code
                 click.echo("fleetfix: interrupted", err=True)
                 sys.exit(ExitCode.INTERRUPTED)

@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 @click.command("exec", context_settings={"ignore_unknown_options": True})
 @targeting_options
 @local_option
-@click.option("--timeout", type=click.FloatRange(0.1), default=None, help="Per-target command timeout (s).")
+@click.option("--timeout", type=click.FloatRange(0.1, 7 * 86400), default=None,
+              help="Per-target command timeout (s).")
 @report_options("exec")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors

@@ -30,6 +30,7 @@ from fleetfix.errors import (
     ConnectRefusedError,
     ConnectTimeoutError,
     FleetfixError,
+    KeyPermissionError,
     NameResolutionError,
     TransportError,
 )
@@ -443,10 +444,26 @@ def _collect(
             poller.poll(None if remaining is None else max(1, int(remaining * 1000)))
 
 
+def check_key_permissions(path: str, full_path: str) -> None:
+    """Refuse a private key that others may access, as OpenSSH does (authfile.c, sshkey_perm_ok): a key
+    owned by this user with any group or other permission bit (mode & 077) is ignored with its message.
+    A key owned by someone else is not checked, as in OpenSSH."""
+    try:
+        info = os.stat(full_path)
+    except OSError:
+        return  # loading says what is wrong with it
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        raise KeyPermissionError(
+            f"identity file {path}: WARNING: UNPROTECTED PRIVATE KEY FILE! Permissions "
+            f"0{info.st_mode & 0o777:03o} for '{path}' are too open. It is required that your private key "
+            "files are NOT accessible by others. This private key will be ignored.")
+
+
 def load_private_key(path: str) -> paramiko.PKey:
     """An ed25519/ecdsa/rsa private key; its passphrase, if any, from $FLEETFIX_SSH_PASSPHRASE."""
     passphrase = os.environ.get(PASSPHRASE_ENV) or None
     full_path = os.path.expanduser(path)
+    check_key_permissions(path, full_path)
     try:
         # bytes: paramiko 5 hands it to `cryptography`, which rejects str with a TypeError.
         password: Any = passphrase.encode() if passphrase else None  # the stubs say str; bytes works

@@ -14,11 +14,11 @@ words plus a node name that passed the inventory's safe-name check, quoted once 
 from __future__ import annotations
 
 import ipaddress
-import json
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fleetfix import boundedjson
 from fleetfix.errors import DiscoveryError, FleetfixError
 from fleetfix.inventory.discovery.model import Listing, ProxmoxSource, listing_from_records
 from fleetfix.target import Target
@@ -192,7 +192,7 @@ def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
         hint = " (is this a Proxmox VE node?)" if result.exit_code == 127 else ""
         raise DiscoveryError(f"{where}: exit {result.exit_code}{hint}: {_one_line(last[0])[:200]}")
     try:
-        records = json.loads(result.stdout)
+        records = boundedjson.loads(result.stdout)
     except ValueError:
         raise DiscoveryError(f"{where}: pvesh printed something that is not JSON") from None
     return listing_from_records(records, node=access.pve_node, lxc_only=False)
