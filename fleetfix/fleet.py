@@ -33,7 +33,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar
 from fleetfix.errors import FleetfixError, GuestError, Interrupted, UnexpectedError
 from fleetfix.guests import Guest, open_guest
 from fleetfix.target import SSHSettings, Target
-from fleetfix.transport.base import CommandResult, OutputSink, Transport
+from fleetfix.transport.base import DEFAULT_MAX_OUTPUT, CommandResult, OutputSink, Transport
 from fleetfix.transport.local import LocalTransport
 
 R = TypeVar("R")
@@ -101,12 +101,15 @@ def interrupt_all() -> int:
 class Fleet:
     def __init__(
         self, *, forks: int = DEFAULT_FORKS, channels_per_node: int = DEFAULT_CHANNELS_PER_NODE,
-        connect: Connector | None = None,
+        connect: Connector | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> None:
+        """max_output: what one command's stdout (and stderr) may hold in memory, per target
+        (transport.base.CappedOutput)."""
         if forks < 1 or channels_per_node < 1:
             raise ValueError("forks and channels_per_node must be at least 1")
         self.forks = forks
         self.channels_per_node = channels_per_node
+        self.max_output = max_output
         self._connect = connect or self._connect_ssh
         self._slots: dict[Hashable, _NodeSlot] = {}
         self._slots_lock = threading.Lock()
@@ -139,7 +142,7 @@ class Fleet:
         use; raises the node's (cached) TransportError if it cannot be reached."""
         settings = target.node.ssh
         if settings is None:
-            return LocalTransport(label=target.node.name)
+            return LocalTransport(label=target.node.name, max_output=self.max_output)
         return _NodeTransport(self._connection(settings), label=target.node.name)
 
     def _connection(self, settings: SSHSettings) -> NodeConnection:
@@ -163,7 +166,7 @@ class Fleet:
     def _connect_ssh(self, settings: SSHSettings) -> NodeConnection:
         from fleetfix.transport import ssh  # deferred: paramiko is slow to import
 
-        return ssh.connect(settings, max_channels=self.channels_per_node)
+        return ssh.connect(settings, max_channels=self.channels_per_node, max_output=self.max_output)
 
     # -- running --------------------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import click
 
 from fleetfix.cli.apply import roll_out
 from fleetfix.cli.common import (
+    FleetOptions,
     ReportChoice,
     RolloutOptions,
     handle_errors,
@@ -53,7 +54,7 @@ def _store(db: str | None) -> AuditStore:
 @handle_errors
 def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, deep: bool,
                 report: ReportChoice, remediate_path: str | None, rollout: RolloutOptions,
-                targets: TargetRequest, forks: int) -> ExitCode | None:
+                targets: TargetRequest, fleet_options: FleetOptions) -> ExitCode | None:
     """Probe the fleet, judge it by a policy, record it, and report what changed since the last run.
 
     \b
@@ -69,7 +70,6 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
         return None
     from fleetfix.audit import RemediatedAudit, load_policy, remediate_audit, run_audit
     from fleetfix.cli.live import ProbeProgress
-    from fleetfix.fleet import Fleet
     from fleetfix.playbook import load_playbook
 
     if remediate_path is None and rollout.given():
@@ -83,7 +83,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
             "targets": len(resolved)}
     if remediate_path:
         args.update(remediate=remediate_path, check=rollout.check)
-    with _store(db) as store, Fleet(forks=forks) as fleet:
+    with _store(db) as store, fleet_options.open() as fleet:
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
                             on_progress=progress.advance, args=args)

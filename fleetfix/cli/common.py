@@ -27,13 +27,55 @@ from fleetfix.inventory.request import TargetRequest
 from fleetfix.reports import TEXT, ReportFormat, formats_for, write_report
 
 if TYPE_CHECKING:
+    from fleetfix.fleet import Fleet
     from fleetfix.inventory.resolve import Resolution
     from fleetfix.playbook.snapshots import SnapshotPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# fleet.DEFAULT_FORKS, spelled out: importing fleetfix.fleet here would slow down `--help`.
+# fleet.DEFAULT_FORKS and transport.base.DEFAULT_MAX_OUTPUT, spelled out: importing fleetfix.fleet here
+# would slow down `--help`.
 DEFAULT_FORKS = 32
+DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+DEFAULT_RECORD_OUTPUT = 256 * 1024
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
+               "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
+
+
+class ByteSize(click.types.IntParamType):  # an int type: click 8.5's ParamType is generic, 8.2's is not
+    """A size in bytes: 65536, 512k, 8MiB, 1G (binary units), within [minimum, maximum]."""
+
+    name = "size"
+
+    def __init__(self, minimum: int, maximum: int) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            size = value
+        else:
+            text = str(value).strip().lower()
+            number = text.rstrip("kmgib")
+            unit = text[len(number):]
+            if not number.isdigit() or len(number) > 12 or unit not in _SIZE_UNITS:
+                self.fail(f"{value!r} is not a size (bytes, or with k/M/G, e.g. 8M)", param, ctx)
+            size = int(number) * _SIZE_UNITS[unit]
+        if not self.minimum <= size <= self.maximum:
+            self.fail(f"{value!r} is not between {self.minimum} and {self.maximum} bytes", param, ctx)
+        return size
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """How the fleet is driven: nodes at once, and what a command's output may hold in memory."""
+
+    forks: int = DEFAULT_FORKS
+    max_output: int = DEFAULT_MAX_OUTPUT
+
+    def open(self) -> Fleet:
+        from fleetfix.fleet import Fleet
+
+        return Fleet(forks=self.forks, max_output=self.max_output)
 
 
 def _decorate(func: F, options: Sequence[Callable[[F], F]]) -> F:
@@ -53,7 +95,7 @@ _TARGET_FIELDS = [f.name for f in fields(TargetRequest) if f.name != "local"]
 
 def targeting_options(func: F) -> F:
     """The options every fleet command shares; the command receives `targets: TargetRequest` and
-    `forks: int`."""
+    `fleet: FleetOptions`."""
     options: list[Callable[[F], F]] = [
         click.option("-i", "--inventory", metavar="FILE",
                      help="Inventory YAML (default: $FLEETFIX_INVENTORY, else ./inventory.yaml)."),
@@ -74,13 +116,17 @@ def targeting_options(func: F) -> F:
         click.option("--forks", type=click.IntRange(1, 1000), default=DEFAULT_FORKS, show_default=True,
                      help="Nodes worked on at once."),
         click.option("--refresh", is_flag=True, help="Bypass the Proxmox discovery cache."),
+        click.option("--max-output", type=ByteSize(64 * 1024, 1024**3), default=DEFAULT_MAX_OUTPUT,
+                     metavar="SIZE", help="Output kept in memory per command and stream (e.g. 8M); the "
+                     "middle of more is dropped, and a marker line says how much.  [default: 8M]"),
     ]
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         values = _collect(_TARGET_FIELDS, kwargs)
         values["local"] = kwargs.pop("local", False)
-        return func(*args, targets=TargetRequest(**values), **kwargs)
+        fleet = FleetOptions(forks=kwargs.pop("forks"), max_output=kwargs.pop("max_output"))
+        return func(*args, targets=TargetRequest(**values), fleet_options=fleet, **kwargs)
 
     return _decorate(cast(F, wrapper), options)
 
@@ -117,6 +163,7 @@ class RolloutOptions:
     rollback_on_failure: bool = False
     keep_snapshots: int | None = None
     allow_no_snapshot: bool = False
+    record_output: int | None = None  # None: DEFAULT_RECORD_OUTPUT
 
     def given(self) -> list[str]:
         """The options set on the command line, by their option names (for error messages)."""
@@ -149,6 +196,7 @@ _ROLLOUT_FLAGS = {
     "var_items": "--var", "check": "--check", "serial": "--serial", "max_fail": "--max-fail",
     "state_dir": "--state-dir", "snapshot": "--snapshot", "rollback_on_failure": "--rollback-on-failure",
     "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
+    "record_output": "--record-output",
 }
 
 
@@ -178,6 +226,10 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                                "--snapshot).")),
         click.option("--allow-no-snapshot", is_flag=True,
                      help=text("Change guests whose storage cannot snapshot (and nodes) anyway.")),
+        click.option("--record-output", type=ByteSize(1024, 1024**3), default=None, metavar="SIZE",
+                     help=text("Output kept per script and stream in the run record (e.g. 256k); the "
+                               "middle of more is dropped, and a marker line says how much.  "
+                               "[default: 256k]")),
     ]
 
 

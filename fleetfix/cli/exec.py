@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleetfix.cli.common import (
+    FleetOptions,
     ReportChoice,
     handle_errors,
     local_option,
@@ -31,7 +32,7 @@ if TYPE_CHECKING:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
 def exec_command(command: tuple[str, ...], timeout: float | None, report: ReportChoice,
-                 targets: TargetRequest, forks: int) -> ExitCode:
+                 targets: TargetRequest, fleet_options: FleetOptions) -> ExitCode:
     """Run a command on targets; its arguments reach the remote side verbatim.
 
     Each target's stdout is printed when it finishes, under a `== TARGET exit N` line; its stderr goes
@@ -45,7 +46,6 @@ def exec_command(command: tuple[str, ...], timeout: float | None, report: Report
     """
     from fleetfix.cli.live import LiveOutput
     from fleetfix.command import run_command
-    from fleetfix.fleet import Fleet
     from fleetfix.reports.console import err_console
     from fleetfix.secrets import Redactor, secret_values
 
@@ -66,7 +66,7 @@ def exec_command(command: tuple[str, ...], timeout: float | None, report: Report
         if live is not None:
             live.flush(target.name)  # a last line without its newline
 
-    with Fleet(forks=forks) as fleet:
+    with fleet_options.open() as fleet:
         run = run_command(fleet, resolved, command, timeout=timeout, sink_for=sink_for, done=done)
     report.emit(run)
     return run.exit_code

@@ -48,6 +48,9 @@ class ProbeProgress:
             self._progress.update(self._task, advance=1, description=report.target.name)
 
 
+MAX_LINE = 64 * 1024  # an unfinished line longer than this is printed as it is
+
+
 class LiveOutput:
     """Scripts' output as it arrives, `target | line` (stderr: `target ! line`), from many targets at once.
 
@@ -68,6 +71,9 @@ class LiveOutput:
     def feed(self, name: str, stream: Stream, chunk: bytes) -> None:
         with self._lock:
             *lines, rest = (self._partial.pop((name, stream), b"") + chunk).split(b"\n")
+            if len(rest) > MAX_LINE:  # a target printing without newlines must not grow this buffer
+                lines.append(rest)
+                rest = b""
             if rest:
                 self._partial[(name, stream)] = rest
             for line in lines:
