@@ -17,6 +17,7 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     │   ├── HostKeyError                host key not trusted
     │   │   ├── UnknownHostKeyError     no entry in known_hosts (use --accept-new to record it)
     │   │   └── ChangedHostKeyError     entry differs: possible man-in-the-middle, never accepted
+    │   ├── BecomeError                 sudo refused a node command (not allowed, password needed)
     │   ├── GuestError                  the guest cannot run commands: CT/VM stopped, missing, no agent
     │   ├── ConnectionLostError         the link dropped mid-command
     │   ├── CommandTimeoutError         a command ran past its timeout (channel closed)
@@ -142,6 +143,13 @@ class UnknownHostKeyError(HostKeyError):
 class ChangedHostKeyError(HostKeyError):
     hint = ("confirm the new fingerprint on the node's console (`ssh-keygen -lf "
             "/etc/ssh/ssh_host_ed25519_key.pub`) before removing the old entry")
+
+
+class BecomeError(TransportError):
+    """sudo refused to run a node command for the login (not allowed, a password needed, sudo missing)."""
+
+    hint = ("grant the login this command in sudoers (docs/security.md, \"Least privilege on nodes\"); "
+            "a rule that asks for a password needs become_password")
 
 
 class GuestError(TransportError):

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from fleetfix.errors import FleetfixError, GuestError, Interrupted, UnexpectedError
+from fleetfix.errors import BecomeError, FleetfixError, GuestError, Interrupted, UnexpectedError
 from fleetfix.guests import Guest, open_guest
+from fleetfix.secrets import resolve_reference
 from fleetfix.target import SSHSettings, Target
 from fleetfix.transport.base import DEFAULT_MAX_OUTPUT, CommandResult, OutputSink, Transport
 from fleetfix.transport.local import LocalTransport
@@ -112,6 +113,7 @@ class Fleet:
         self.max_output = max_output
         self._connect = connect or self._connect_ssh
         self._slots: dict[Hashable, _NodeSlot] = {}
+        self._passwords: dict[str, str] = {}  # become_password reference -> its value
         self._slots_lock = threading.Lock()
         self._interrupted = threading.Event()
         with _live_fleets_lock:
@@ -134,8 +136,26 @@ class Fleet:
         return self.guest(target).transport()
 
     def guest(self, target: Target) -> Guest:
-        """The target's guest driver (exec, status, snapshots), over its node's connection."""
-        return open_guest(target, self.node_transport(target))
+        """The target's guest driver (exec, status, snapshots), over its node's privileged transport."""
+        return open_guest(target, self.privileged_transport(target))
+
+    def privileged_transport(self, target: Target) -> Transport:
+        """The node's transport for what needs root there (`pct`, `qm`, `pvesh`, a node's own work):
+        through sudo when the node's settings say `become` (transport/become.py), else the node's own."""
+        node = self.node_transport(target)
+        settings = target.node.ssh
+        if settings is None or settings.become is None:
+            return node
+        from fleetfix.transport.become import BecomeTransport
+
+        become = settings.become
+        password = None
+        if become.password is not None:
+            with self._slots_lock:  # resolved once per Fleet: an env var or a 0600 file
+                if become.password not in self._passwords:
+                    self._passwords[become.password] = resolve_reference(become.password, "become_password")
+                password = self._passwords[become.password]
+        return BecomeTransport(node, become, password=password, node_name=target.node.name)
 
     def node_transport(self, target: Target) -> Transport:
         """The transport of the target's node (one command per node, e.g. node facts). Connects on first
@@ -272,7 +292,8 @@ def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Trans
           ) -> Outcome[R]:
     try:
         value = fn(target, transport)
-    except GuestError as error:  # the guest is stopped, missing or agent-less: nothing ran, like a node down
+    # The guest is stopped, missing or agent-less, or sudo refused: nothing ran, like a node down.
+    except (GuestError, BecomeError) as error:
         return Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
     except FleetfixError as error:
         return Outcome(target, "failed", error=error, duration=time.monotonic() - started)

@@ -319,7 +319,9 @@ def write_atomic(path: str | Path, text: str) -> None:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the collector may run as another user
+        # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target and
+        # its weaknesses (issue 18). A collector running as another user needs an ACL or a group.
+        os.chmod(tmp, 0o600)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

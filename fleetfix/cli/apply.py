@@ -38,14 +38,19 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     from fleetfix.probe.run import gather_facts
     from fleetfix.secrets import Redactor
 
-    redactor = Redactor()  # secret-named vars: masked in everything printed, live lines included
+    variables, secrets = rollout.secret_vars()
+    # Secret-named vars and every value from the secret channel (references, --var-file): masked in
+    # everything printed, live lines included, and recorded.
+    redactor = Redactor()
+    redactor.add(secrets)
     live = LiveOutput(redact=redactor.text) if live_output else None
     with RunRecorder(rollout.records_dir(), max_field=rollout.record_output or DEFAULT_RECORD_OUTPUT
                      ) as recorder:
+        recorder.add_secrets(secrets)
         run = run_playbook(
             playbook, targets, fleet_map=fleet.map,
             facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-            vars=rollout.variables(), check=rollout.check, recorder=recorder, serial=rollout.serial,
+            vars=variables, check=rollout.check, recorder=recorder, serial=rollout.serial,
             max_fail_pct=rollout.max_fail,
             on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
             on_output=None if live is None else live.on_output,

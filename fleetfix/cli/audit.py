@@ -77,7 +77,9 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     policy = load_policy(policy_path)
     # Load the playbook and vars before probing anything: a typo fails now, not after the audit.
     playbook = load_playbook(remediate_path) if remediate_path else None
-    variables = rollout.variables()
+    from fleetfix.secrets import mask_vars
+
+    variables, secrets = rollout.secret_vars()
     resolved = resolve(targets).targets
     args = {"limit": targets.limit, "inventory": targets.inventory, "host": targets.host,
             "targets": len(resolved)}
@@ -94,7 +96,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
         show_steps = sys.stdout.isatty() and not report.as_json
         final = remediate_audit(
             run, resolved, playbook=remediate_path, check=rollout.check, fleet=fleet, policy=policy,
-            store=store, vars=variables, deep=deep,
+            store=store, vars=mask_vars(variables, secrets), deep=deep,  # only recorded: masked
             apply=lambda chosen: roll_out(playbook, chosen, fleet, rollout, show_steps=show_steps,
                                           live_output=False),
         )

@@ -25,6 +25,7 @@ import click
 from fleetfix.errors import ConfigError, ExitCode, FleetfixError
 from fleetfix.inventory.request import TargetRequest
 from fleetfix.reports import TEXT, ReportFormat, formats_for, write_report
+from fleetfix.secrets import is_reference, resolve_reference
 
 if TYPE_CHECKING:
     from fleetfix.fleet import Fleet
@@ -116,6 +117,14 @@ def targeting_options(func: F) -> F:
         click.option("--forks", type=click.IntRange(1, 1000), default=DEFAULT_FORKS, show_default=True,
                      help="Nodes worked on at once."),
         click.option("--refresh", is_flag=True, help="Bypass the Proxmox discovery cache."),
+        click.option("--become", is_flag=True,
+                     help="Run pct/qm/pvesh (and a node target's commands) through `sudo -n` on the "
+                          "node: for a login that is not root (inventory: become)."),
+        click.option("--become-user", metavar="USER", default=None,
+                     help="The user sudo runs them as (default root; with --become)."),
+        click.option("--become-password", metavar="REF", default=None,
+                     help="sudo's password, as @env:NAME or @file:PATH (never the password itself; with "
+                          "--become)."),
         click.option("--max-output", type=ByteSize(64 * 1024, 1024**3), default=DEFAULT_MAX_OUTPUT,
                      metavar="SIZE", help="Output kept in memory per command and stream (e.g. 8M); the "
                      "middle of more is dropped, and a marker line says how much.  [default: 8M]"),
@@ -155,6 +164,7 @@ class RolloutOptions:
     """How a playbook is rolled out: the options `apply` and `audit --remediate` share."""
 
     var_items: tuple[str, ...] = ()
+    var_files: tuple[str, ...] = ()
     check: bool = False
     serial: int | None = None
     max_fail: float | None = None
@@ -169,8 +179,27 @@ class RolloutOptions:
         """The options set on the command line, by their option names (for error messages)."""
         return [_ROLLOUT_FLAGS[f.name] for f in fields(self) if _is_set(getattr(self, f.name))]
 
-    def variables(self) -> dict[str, str]:
-        return parse_var(self.var_items)
+    def variables(self) -> dict[str, Any]:
+        """The vars, references resolved (`--var-file` first, then `--var` in order: later wins)."""
+        return self.secret_vars()[0]
+
+    def secret_vars(self) -> tuple[dict[str, Any], list[str]]:
+        """The vars, and the values that came through the secret channel (an @env:/@file: reference or a
+        --var-file), which are masked wherever they would be shown or recorded, whatever their names."""
+        from fleetfix.secrets import load_var_file
+
+        values: dict[str, Any] = {}
+        secrets: list[str] = []
+        for path in self.var_files:
+            loaded = load_var_file(path)
+            values.update(loaded)
+            secrets.extend(_scalars(loaded))
+        for name, value in parse_var(self.var_items).items():
+            if is_reference(value):
+                value = resolve_reference(value, f"--var {name}")
+                secrets.append(value)
+            values[name] = value
+        return values, secrets
 
     def snapshot_policy(self) -> SnapshotPolicy:
         from fleetfix.playbook.snapshots import SnapshotPolicy
@@ -187,13 +216,22 @@ class RolloutOptions:
         return self.state_dir or default_state_dir()
 
 
+def _scalars(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _scalars(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _scalars(item)]
+    return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
 def _is_set(value: object) -> bool:
     # Not `value in (None, False, ())`: --max-fail 0 is set, and 0.0 == False.
     return value is not None and value is not False and value != ()
 
 
 _ROLLOUT_FLAGS = {
-    "var_items": "--var", "check": "--check", "serial": "--serial", "max_fail": "--max-fail",
+    "var_items": "--var", "var_files": "--var-file", "check": "--check", "serial": "--serial",
+    "max_fail": "--max-fail",
     "state_dir": "--state-dir", "snapshot": "--snapshot", "rollback_on_failure": "--rollback-on-failure",
     "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
     "record_output": "--record-output",
@@ -206,7 +244,12 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
 
     return [
         click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
-                     help=text("Set a playbook var (repeatable).")),
+                     help=text("Set a playbook var (repeatable). VALUE may be a reference, @env:NAME or "
+                               "@file:PATH, resolved at run time and masked everywhere.")),
+        click.option("--var-file", "var_files", multiple=True, metavar="FILE",
+                     type=click.Path(dir_okay=False),
+                     help=text("Vars from a YAML/JSON mapping (repeatable; refused if group or others may "
+                               "read it). Its values are secrets: masked everywhere.")),
         click.option("--check", is_flag=True,
                      help=text("Run only `when` and `check`: report what would change, change nothing.")),
         click.option("--serial", type=click.IntRange(1, 1_000_000), default=None,
@@ -255,7 +298,9 @@ def parse_var(values: Sequence[str]) -> dict[str, str]:
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise ConfigError(f"--var {item!r}: expected NAME=VALUE with NAME a plain identifier")
+            # The name only: what follows `=` may be a secret typed with a mistake before it.
+            shown = key if sep and key.isprintable() and len(key) <= 64 else "…"
+            raise ConfigError(f"--var {shown!r}: expected NAME=VALUE with NAME a plain identifier")
         parsed[key.strip()] = value
     return parsed
 

@@ -605,7 +605,7 @@ def run_playbook(
         targets=[_redacted_target(finished[target.name], redact) for target in targets
                  if target.name in finished],
         duration=time.monotonic() - started, run_id=recorder.run_id, aborted=aborted,
-        error=template_errors[0] if template_errors else None)
+        error=_redacted_error(template_errors[0], redact) if template_errors else None)
     recorder.event("run-end", status=run.status, aborted=aborted, duration=run.duration,
                    recap={name: {"status": status, **counts} for name, status, counts in run.recap()})
     return run
@@ -617,6 +617,11 @@ def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:
     return replace(result, reason=redact.text(result.reason), stdout=redact.text(result.stdout),
                    stderr=redact.text(result.stderr),
                    script=None if result.script is None else redact.text(result.script), runs=runs)
+
+
+def _redacted_error(error: TemplateError, redact: Redactor) -> TemplateError:
+    """The error as shown (text, --json): a template error may quote the value it choked on."""
+    return TemplateError(redact.text(error.detail), path=error.path, line=error.line, field=error.field)
 
 
 def _redacted_target(run: TargetRun, redact: Redactor) -> TargetRun:

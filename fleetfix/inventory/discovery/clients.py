@@ -176,7 +176,7 @@ def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
     runner = Fleet(forks=1, channels_per_node=1) if fleet is None else fleet
     where = f"{source.label}: pvesh on {access.node.name}"
     try:
-        transport = runner.node_transport(Target(access.node.name, access.node))
+        transport = runner.privileged_transport(Target(access.node.name, access.node))  # pvesh: root
         result = transport.execute(pvesh_argv(access.pve_node), timeout=access.timeout)
     except DiscoveryError:
         raise
