@@ -23,6 +23,7 @@ from fleetfix.audit.drift import Drift
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
 from fleetfix.probe import Finding
+from fleetfix.terminal import safe
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -161,6 +162,8 @@ def _environment() -> jinja2.Environment:
     return jinja2.Environment(
         loader=jinja2.FileSystemLoader(str(template_dir)),
         autoescape=True,  # every value comes from targets (names, error text, evidence): escape it all
+        # ... and control characters, which HTML cannot carry either, escaped visibly (issue 18).
+        finalize=lambda value: safe(value) if isinstance(value, str) else value,
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -215,8 +218,18 @@ def junit_report(run: AuditRun) -> str:
             totals[key] += value
     for key, value in totals.items():
         root.set(key, str(value))
+    _xml_safe(root)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _xml_safe(root: ET.Element) -> None:
+    """Every text and attribute, its control characters escaped visibly: XML 1.0 cannot carry them, and
+    ElementTree writes them anyway, leaving the file not well-formed (issue 18)."""
+    for element in root.iter():
+        element.text = None if element.text is None else safe(element.text)
+        for key, value in element.attrib.items():
+            element.set(key, safe(value))
 
 
 def _testcase(suite: ET.Element, result: TargetResult, name: str, counts: dict[str, int]) -> ET.Element:

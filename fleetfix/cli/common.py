@@ -26,6 +26,7 @@ from fleetfix.errors import ConfigError, ExitCode, FleetfixError
 from fleetfix.inventory.request import TargetRequest
 from fleetfix.reports import TEXT, ReportFormat, formats_for, write_report
 from fleetfix.secrets import is_reference, resolve_reference
+from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleetfix.fleet import Fleet
@@ -435,7 +436,8 @@ def handle_errors(func: F) -> F:
             except FleetfixError as exc:
                 if verbose():
                     raise
-                click.echo(f"fleetfix: error: {exc.with_hint()}", err=True)
+                # One line, escaped: the message may quote a target's output.
+                click.echo(f"fleetfix: error: {safe_line(exc.with_hint())}", err=True)
                 sys.exit(ExitCode.INTERRUPTED if interrupts.interrupted else exc.exit_code)
             except KeyboardInterrupt:
                 click.echo("fleetfix: interrupted", err=True)
