@@ -22,6 +22,7 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     │   ├── ConnectionLostError         the link dropped mid-command
     │   ├── CommandTimeoutError         a command ran past its timeout (channel closed)
     │   └── DiscoveryError              a Proxmox source could not be listed (API/TLS/token/pvesh)
+    ├── StoreError (1)                  the audit database: locked, disk full, corrupt
     ├── CommandFailedError (1)          result.check() on a non-zero exit
     ├── ProbeOutputError (4)            a target's probe printed something that is not the probe's JSON
     ├── UnexpectedError (1)             a bug surfaced while working on one target (kept per target)
@@ -166,6 +167,12 @@ class CommandTimeoutError(TransportError):
 
 class DiscoveryError(TransportError):
     """A Proxmox source (API or `pvesh` over SSH) could not be listed. Never carries the token secret."""
+
+
+class StoreError(FleetfixError):
+    """The audit database failed under us: locked past the timeout, the disk full, corruption found."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILED
 
 
 class CommandFailedError(FleetfixError):

@@ -22,6 +22,7 @@ from fleetfix.audit import AuditRun
 from fleetfix.audit.drift import Drift
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
+from fleetfix.paths import private_dir
 from fleetfix.probe import Finding
 from fleetfix.terminal import safe
 
@@ -325,7 +326,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Write text to path via a temporary file in the same directory and a rename, so a reader (the
     node_exporter textfile collector, a web server) sees the old file or the new one, never half."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

@@ -32,10 +32,10 @@ DB_HELP = "History database (default: $FLEETFIX_AUDIT_DB, else <state dir>/audit
 _DB = click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
 
 
-def _store(db: str | None) -> AuditStore:
+def _store(db: str | None, *, readonly: bool = False) -> AuditStore:
     from fleetfix.audit import AuditStore, default_db_path
 
-    return AuditStore(db or default_db_path())
+    return AuditStore(db or default_db_path(), readonly=readonly)
 
 
 # The usage line says so explicitly: the subcommand is optional (click releases disagree on what to infer).
@@ -115,7 +115,7 @@ def audit_history(db: str | None, count: int, report: ReportChoice) -> None:
     """List recorded audit runs, newest first."""
     from fleetfix.audit import AuditHistory
 
-    with _store(db) as store:
+    with _store(db, readonly=True) as store:
         history = AuditHistory(store.runs(limit=count))
     report.emit(history)
 
@@ -130,7 +130,7 @@ def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findi
     """Re-render a recorded run (a number, or `last`), with its drift against the run before it."""
     from fleetfix.audit import load_audit
 
-    with _store(db) as store:
+    with _store(db, readonly=True) as store:
         run = load_audit(store, store.resolve(run_ref))
     report.emit(run, verbose=verbose_findings)
 
@@ -145,6 +145,6 @@ def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice)
     """What changed from RUN1 to RUN2: findings new / resolved, targets appeared / vanished / unreachable."""
     from fleetfix.audit.drift import compute_drift
 
-    with _store(db) as store:
+    with _store(db, readonly=True) as store:
         old, new = store.load(store.resolve(old_ref)), store.load(store.resolve(new_ref))
     report.emit(compute_drift(old, new))

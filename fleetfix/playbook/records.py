@@ -24,6 +24,7 @@ printing 100 MB once made a 200 MB events.jsonl that `runs list` then took 8.6 s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -35,7 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from fleetfix.errors import ConfigError
+from fleetfix.errors import ConfigError, StoreError
+from fleetfix.paths import private_dir
 from fleetfix.secrets import Redactor
 from fleetfix.transport.base import cap_text
 
@@ -79,13 +81,16 @@ class RunRecorder:
         self.max_field = max_field
         self.directory = Path(state_dir) / "runs" / self._run_id
         # Records hold command output and rendered scripts: keep them private to the user.
-        self.directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.directory.parent)
+        os.chmod(self.directory.parent, 0o700)  # runs/ is ours: tightened even if an older run left it open
         self.directory.mkdir(mode=0o700)
+        os.chmod(self.directory, 0o700)
         self.path = self.directory / EVENTS_FILE
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
         self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._lock = threading.Lock()
         self._redact = Redactor()
+        self.failure: str | None = None  # why events stopped being written
 
     @property
     def run_id(self) -> str:
@@ -95,17 +100,26 @@ class RunRecorder:
         self._redact.add(values)
 
     def event(self, kind: str, /, **fields: Any) -> None:
+        """Append one event. A write that fails (a full disk) is one StoreError, for the target whose
+        event it was; the record is then closed: later events are dropped, and `runs show` reads it as
+        incomplete, with every event before the failure."""
         record = {"time": time.time(), "kind": kind, **fields}
         with self._lock:
             line = json.dumps(_capped(self._redact(record), self.max_field), default=str, ensure_ascii=False)
             if self._file.closed:
                 return
-            self._file.write(line + "\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except OSError as error:
+                self.failure = f"cannot write the run record {self.path}: {error.strerror or error}"
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                raise StoreError(self.failure) from None
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):
             self._file.close()
 
     def __enter__(self) -> RunRecorder:
