@@ -312,6 +312,15 @@ class AuditStore:
         return None if row is None or row[0] is None else int(row[0])
 
     @_guarded
+    def latest_complete_runs(self, before: int) -> dict[str, int]:
+        """Each target's newest complete run before `before` (drift's per-target baseline)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT t.target, MAX(t.run) FROM target_results t JOIN runs r ON r.id = t.run"
+                " WHERE r.status = 'complete' AND t.run < ? GROUP BY t.target", (before,)).fetchall()
+        return {str(target): int(run) for target, run in rows}
+
+    @_guarded
     def last_probed(self, target: str) -> float | None:
         """When `target` was last probed successfully (the start of that run), in any run: a result
         committed as `ok` is a real observation even if its run was later killed."""
