@@ -58,5 +58,6 @@ def _outcome_json(outcome: Outcome[CommandResult]) -> dict[str, Any]:
         "timed_out": None if result is None else result.timed_out,
         "stdout": None if result is None else result.stdout,
         "stderr": None if result is None else result.stderr,
+        "dropped": None if result is None else result.dropped,  # bytes over the output cap
         "duration": round(outcome.duration, 3),
     }

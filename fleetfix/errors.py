@@ -13,13 +13,16 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     │   │   ├── ConnectTimeoutError     TCP connect or SSH handshake timed out
     │   │   └── NameResolutionError     the host name does not resolve
     │   ├── AuthenticationError         key rejected, no usable key
+    │   │   └── KeyPermissionError      private key readable by others (refused as by OpenSSH)
     │   ├── HostKeyError                host key not trusted
     │   │   ├── UnknownHostKeyError     no entry in known_hosts (use --accept-new to record it)
     │   │   └── ChangedHostKeyError     entry differs: possible man-in-the-middle, never accepted
+    │   ├── BecomeError                 sudo refused a node command (not allowed, password needed)
     │   ├── GuestError                  the guest cannot run commands: CT/VM stopped, missing, no agent
     │   ├── ConnectionLostError         the link dropped mid-command
     │   ├── CommandTimeoutError         a command ran past its timeout (channel closed)
     │   └── DiscoveryError              a Proxmox source could not be listed (API/TLS/token/pvesh)
+    ├── StoreError (1)                  the audit database: locked, disk full, corrupt
     ├── CommandFailedError (1)          result.check() on a non-zero exit
     ├── AuditBusyError (1)              another audit holds the history's lock
     ├── ProbeOutputError (4)            a target's probe printed something that is not the probe's JSON
@@ -125,6 +128,10 @@ class AuthenticationError(TransportError):
             "with --identity FILE (inventory: identity_file) or load it with `ssh-add`")
 
 
+class KeyPermissionError(AuthenticationError):
+    hint = "chmod 600 the key file (OpenSSH refuses it too)"
+
+
 class HostKeyError(TransportError):
     pass
 
@@ -138,6 +145,13 @@ class UnknownHostKeyError(HostKeyError):
 class ChangedHostKeyError(HostKeyError):
     hint = ("confirm the new fingerprint on the node's console (`ssh-keygen -lf "
             "/etc/ssh/ssh_host_ed25519_key.pub`) before removing the old entry")
+
+
+class BecomeError(TransportError):
+    """sudo refused to run a node command for the login (not allowed, a password needed, sudo missing)."""
+
+    hint = ("grant the login this command in sudoers (docs/security.md, \"Least privilege on nodes\"); "
+            "a rule that asks for a password needs become_password")
 
 
 class GuestError(TransportError):
@@ -154,6 +168,12 @@ class CommandTimeoutError(TransportError):
 
 class DiscoveryError(TransportError):
     """A Proxmox source (API or `pvesh` over SSH) could not be listed. Never carries the token secret."""
+
+
+class StoreError(FleetfixError):
+    """The audit database failed under us: locked past the timeout, the disk full, corruption found."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILED
 
 
 class CommandFailedError(FleetfixError):

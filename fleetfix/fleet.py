@@ -1,7 +1,8 @@
 """The fleet runner: run one function per target, concurrently, over one SSH connection per node.
 
 Shape of a run (`Fleet.map`):
-- targets are grouped by node (`SSHSettings.key`); at most `forks` nodes are worked on at once;
+- targets are grouped by node (`SSHSettings.key`: every setting that affects trust, so two nodes share a
+  connection only when they would be trusted the same way); at most `forks` nodes are worked on at once;
 - each node's connection is opened lazily, once for the Fleet's lifetime, under a per-node lock, and shared
   by the node and all its containers; a node that cannot be connected marks all its targets
   "unreachable" with the same one-line reason, after one attempt;
@@ -29,10 +30,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, Literal, Protocol, TypeVar
 
-from fleetfix.errors import FleetfixError, GuestError, Interrupted, UnexpectedError
+from fleetfix.errors import BecomeError, FleetfixError, GuestError, Interrupted, UnexpectedError
 from fleetfix.guests import Guest, open_guest
+from fleetfix.secrets import resolve_reference
 from fleetfix.target import SSHSettings, Target
-from fleetfix.transport.base import CommandResult, OutputSink, Transport
+from fleetfix.transport.base import DEFAULT_MAX_OUTPUT, CommandResult, OutputSink, Transport
 from fleetfix.transport.local import LocalTransport
 
 R = TypeVar("R")
@@ -100,14 +102,18 @@ def interrupt_all() -> int:
 class Fleet:
     def __init__(
         self, *, forks: int = DEFAULT_FORKS, channels_per_node: int = DEFAULT_CHANNELS_PER_NODE,
-        connect: Connector | None = None,
+        connect: Connector | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> None:
+        """max_output: what one command's stdout (and stderr) may hold in memory, per target
+        (transport.base.CappedOutput)."""
         if forks < 1 or channels_per_node < 1:
             raise ValueError("forks and channels_per_node must be at least 1")
         self.forks = forks
         self.channels_per_node = channels_per_node
+        self.max_output = max_output
         self._connect = connect or self._connect_ssh
         self._slots: dict[Hashable, _NodeSlot] = {}
+        self._passwords: dict[str, str] = {}  # become_password reference -> its value
         self._slots_lock = threading.Lock()
         self._interrupted = threading.Event()
         with _live_fleets_lock:
@@ -130,15 +136,33 @@ class Fleet:
         return self.guest(target).transport()
 
     def guest(self, target: Target) -> Guest:
-        """The target's guest driver (exec, status, snapshots), over its node's connection."""
-        return open_guest(target, self.node_transport(target))
+        """The target's guest driver (exec, status, snapshots), over its node's privileged transport."""
+        return open_guest(target, self.privileged_transport(target))
+
+    def privileged_transport(self, target: Target) -> Transport:
+        """The node's transport for what needs root there (`pct`, `qm`, `pvesh`, a node's own work):
+        through sudo when the node's settings say `become` (transport/become.py), else the node's own."""
+        node = self.node_transport(target)
+        settings = target.node.ssh
+        if settings is None or settings.become is None:
+            return node
+        from fleetfix.transport.become import BecomeTransport
+
+        become = settings.become
+        password = None
+        if become.password is not None:
+            with self._slots_lock:  # resolved once per Fleet: an env var or a 0600 file
+                if become.password not in self._passwords:
+                    self._passwords[become.password] = resolve_reference(become.password, "become_password")
+                password = self._passwords[become.password]
+        return BecomeTransport(node, become, password=password, node_name=target.node.name)
 
     def node_transport(self, target: Target) -> Transport:
         """The transport of the target's node (one command per node, e.g. node facts). Connects on first
         use; raises the node's (cached) TransportError if it cannot be reached."""
         settings = target.node.ssh
         if settings is None:
-            return LocalTransport(label=target.node.name)
+            return LocalTransport(label=target.node.name, max_output=self.max_output)
         return _NodeTransport(self._connection(settings), label=target.node.name)
 
     def _connection(self, settings: SSHSettings) -> NodeConnection:
@@ -162,7 +186,7 @@ class Fleet:
     def _connect_ssh(self, settings: SSHSettings) -> NodeConnection:
         from fleetfix.transport import ssh  # deferred: paramiko is slow to import
 
-        return ssh.connect(settings, max_channels=self.channels_per_node)
+        return ssh.connect(settings, max_channels=self.channels_per_node, max_output=self.max_output)
 
     # -- running --------------------------------------------------------------------------------------
 
@@ -268,7 +292,8 @@ def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Trans
           ) -> Outcome[R]:
     try:
         value = fn(target, transport)
-    except GuestError as error:  # the guest is stopped, missing or agent-less: nothing ran, like a node down
+    # The guest is stopped, missing or agent-less, or sudo refused: nothing ran, like a node down.
+    except (GuestError, BecomeError) as error:
         return Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
     except FleetfixError as error:
         return Outcome(target, "failed", error=error, duration=time.monotonic() - started)

@@ -12,6 +12,20 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Become:
+    """Privilege escalation on a node for a login that is not root: `sudo -n -u USER --` before the
+    commands that need it (`pct`, `qm`, `pvesh`; everything run on a node that is itself a target).
+
+    password: a secret reference (`@env:NAME` or `@file:PATH`, fleetfix.secrets), resolved when the
+    connection is opened; never the password itself. None: sudo must not ask (NOPASSWD rules).
+    """
+
+    method: str = "sudo"  # the only one: su needs a terminal
+    user: str = "root"
+    password: str | None = None
+
+
+@dataclass(frozen=True)
 class SSHSettings:
     """How to reach a node over SSH. One connection per node per run is shared by its containers."""
 
@@ -25,10 +39,25 @@ class SSHSettings:
     connect_timeout: float = 10.0
     keepalive: float = 15.0
 
+    become: Become | None = None  # run the node's privileged commands through sudo (docs/security.md)
+
     @property
-    def key(self) -> tuple[str, int, str]:
-        """Identity of the connection: targets with the same key share one SSH connection."""
-        return (self.address, self.port, self.user)
+    def key(self) -> tuple[Any, ...]:
+        """Identity of the connection: targets with the same key share one SSH connection.
+
+        Every setting that decides whom we trust or what we run as is part of it (address, port, user,
+        identity, known_hosts and accept_new, the jump chain, become): two inventory nodes that differ
+        in any of them get a connection each, so no node is ever reached under another node's host-key
+        check or credentials. Only timeouts, which change no trust decision, are left out.
+        """
+        return (self.address, self.port, self.user, self.identity_file, self.known_hosts, self.accept_new,
+                self.jump_host, self.become)
+
+    @property
+    def endpoint(self) -> tuple[str, int]:
+        """Where the node is (address, port): the same machine whatever the login, for telling guests
+        apart (a CT id is unique per node, not per login)."""
+        return (self.address, self.port)
 
 
 @dataclass(frozen=True)

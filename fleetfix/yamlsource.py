@@ -3,6 +3,13 @@
 `load_yaml(path)` returns the data and a `Locations` index keyed by the same paths pydantic uses in
 `ValidationError.loc` (mapping keys and list indexes), so a validation error becomes one line:
 `inventory.yaml:14: nodes.0.containers.1.ctid: Input should be a valid integer`.
+
+Bounded: a file is at most MAX_YAML_BYTES; its values nest at most MAX_DEPTH deep; aliases may add at most
+MAX_ALIAS_VALUES values to the document as written (PyYAML shares an alias's node instead of copying it,
+yaml/pyyaml#235, so the load itself is cheap, but everything that walks the result, our line index and
+pydantic included, visits every expansion: a 1 kB "billion laughs" document took 1.5 GB); an integer has at
+most MAX_INT_DIGITS digits (Python refuses to convert more than 4300 with a ValueError, and anything beyond
+64 bits is no count, port or id). Each limit is a one-line ConfigError, exit 2.
 """
 
 from __future__ import annotations
@@ -20,6 +27,12 @@ from fleetfix.errors import ConfigError
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
+
+MAX_YAML_BYTES = 4 * 1024 * 1024
+MAX_DEPTH = 64
+MAX_ALIAS_VALUES = 10_000
+MAX_INT_DIGITS = 20
+_INT_TAG = "tag:yaml.org,2002:int"
 
 
 class Locations:
@@ -63,11 +76,76 @@ def _walk(
             _walk(item, (*loc, index), lines, path, cls)
 
 
+def check_budget(root: yaml.Node, path: str, cls: type[ConfigError] = ConfigError) -> None:
+    """Refuse a composed document that nests too deeply, expands too much through aliases, refers to
+    itself, or holds an integer too long to be one. Iterative, and each node is sized once: the check
+    itself costs what the document as written costs, never what it expands to."""
+    expanded: dict[int, int] = {}  # node id -> values it expands to (itself included)
+    depth: dict[int, int] = {}  # node id -> levels below and including it
+    literal = 0  # distinct nodes: the document as written
+    in_progress: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        key = id(node)
+        if children_done:
+            children = _children(node)
+            expanded[key] = 1 + sum(expanded[id(child)] for child in children)
+            depth[key] = 1 + max((depth[id(child)] for child in children), default=0)
+            in_progress.discard(key)
+            if depth[key] > MAX_DEPTH:
+                raise cls(f"invalid YAML: nested more than {MAX_DEPTH} levels deep", path=path,
+                          line=node.start_mark.line + 1)
+            if expanded[key] - literal > MAX_ALIAS_VALUES:
+                raise cls(f"invalid YAML: aliases expand it by more than {MAX_ALIAS_VALUES} values (a "
+                          "'billion laughs' document?); write the values out or use fewer aliases",
+                          path=path, line=node.start_mark.line + 1)
+            continue
+        if key in expanded:
+            continue
+        if key in in_progress:
+            raise cls("invalid YAML: an alias refers to a node that contains it", path=path,
+                      line=node.start_mark.line + 1)
+        literal += 1
+        if isinstance(node, yaml.ScalarNode) and node.tag == _INT_TAG:
+            digits = len(node.value.lstrip("+-").replace("_", ""))  # hex and octal count their letters
+            if digits > MAX_INT_DIGITS:
+                raise cls(f"an integer of {digits} digits: at most {MAX_INT_DIGITS} are accepted",
+                          path=path, line=node.start_mark.line + 1)
+        in_progress.add(key)
+        stack.append((node, True))
+        stack.extend((child, False) for child in _children(node) if id(child) not in expanded)
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [part for pair in node.value for part in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
+def _construct(node: yaml.Node | None) -> Any:
+    """The Python data of a composed (and checked) document: PyYAML's safe constructor, run once."""
+    if node is None:
+        return None
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def parse_yaml(text: str, path: str, cls: type[ConfigError] = ConfigError) -> tuple[Any, Locations]:
-    """Parse one YAML document from text; syntax errors become one-line ConfigErrors."""
+    """Parse one YAML document from text; syntax errors and documents over budget become one-line
+    ConfigErrors."""
+    if len(text) > MAX_YAML_BYTES:
+        raise cls(f"file is over {MAX_YAML_BYTES // (1024 * 1024)} MiB: not a fleetfix file?", path=path)
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        if node is not None:
+            check_budget(node, path, cls)
+        data = _construct(node)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else None
@@ -76,6 +154,8 @@ def parse_yaml(text: str, path: str, cls: type[ConfigError] = ConfigError) -> tu
         raise cls(f"invalid YAML: {_one_line(str(exc))}", path=path) from None
     except RecursionError:
         raise cls("invalid YAML: nested too deeply", path=path) from None
+    except ValueError as exc:  # a constructor's own refusal (a malformed timestamp, say)
+        raise cls(f"invalid YAML: {_one_line(str(exc))}", path=path) from None
     lines: dict[Loc, int] = {}
     if node is not None:
         try:
@@ -91,11 +171,17 @@ def _one_line(text: str) -> str:
 
 def load_yaml(path: str | Path, cls: type[ConfigError] = ConfigError) -> tuple[Any, Locations]:
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as handle:  # never more than the budget into memory
+            raw = handle.read(MAX_YAML_BYTES + 1)
+        text = raw.decode("utf-8")
     except FileNotFoundError:
         raise cls("file not found", path=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise cls(f"cannot read: {exc}", path=str(path)) from None
+    except IsADirectoryError:
+        raise cls("is a directory, not a file", path=str(path)) from None
+    except UnicodeDecodeError:
+        raise cls("cannot read: not UTF-8 text", path=str(path)) from None
+    except OSError as exc:
+        raise cls(f"cannot read: {exc.strerror or exc}", path=str(path)) from None
     return parse_yaml(text, str(path), cls)
 
 

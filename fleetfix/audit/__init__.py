@@ -117,15 +117,44 @@ class AuditHistory:
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None,
                trend_runs: int = TREND_RUNS) -> AuditRun:
     """A stored run with its drift against `baseline` (default: the audit run it remediated, for a
-    re-probe run; else the previous complete run), and its history: the trend of the last `trend_runs`
-    runs and since when each finding has been seen (two indexed queries, cheap at any history size)."""
+    re-probe run; else each target's own last result in a complete run, `per_target_baseline`), and its
+    history: the trend of the last `trend_runs` runs and since when each finding has been seen (two
+    indexed queries, cheap at any history size)."""
     run = store.load(run_id)
-    base_id = baseline if baseline is not None else run.info.parent
-    if base_id is None:
-        base_id = store.previous_complete(run_id)
-    previous = store.load(base_id) if base_id is not None else None
     history = History(trend=tuple(store.trend(run_id, limit=trend_runs)), since=store.since(run_id))
+    base_id = baseline if baseline is not None else run.info.parent
+    if base_id is not None:
+        return AuditRun(run, compute_drift(store.load(base_id), run), history)
+    newest = store.previous_complete(run_id)
+    previous = None if newest is None else per_target_baseline(store, run, newest)
     return AuditRun(run, compute_drift(previous, run), history)
+
+
+def run_scope(args: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What a run looked at, as recorded in its args: the inventory (or --host) and --limit."""
+    return (args.get("inventory"), args.get("host"), args.get("limit"))
+
+
+def per_target_baseline(store: AuditStore, run: StoredRun, newest: int) -> StoredRun:
+    """The baseline of a run's drift: each of its targets' own last result in a complete run before it,
+    so a narrower audit in between (`--limit`) is never the baseline of targets it left out (issue 18:
+    their regressions vanished from the next drift report). A target counts as vanished only when the
+    newest complete run looked at the same scope and had it. Reported as a comparison with that newest
+    run."""
+    latest = store.latest_complete_runs(run.info.id)
+    wanted: dict[int, set[str]] = {}
+    for result in run.targets:
+        if result.target in latest:
+            wanted.setdefault(latest[result.target], set()).add(result.target)
+    newest_run = store.load(newest)
+    results: dict[str, TargetResult] = {}
+    for run_id, names in wanted.items():
+        loaded = newest_run if run_id == newest else store.load(run_id)
+        results.update((r.target, r) for r in loaded.targets if r.target in names)
+    if run_scope(newest_run.info.args) == run_scope(run.info.args):
+        for result in newest_run.targets:
+            results.setdefault(result.target, result)
+    return StoredRun(newest_run.info, tuple(results.values()))
 
 
 def _probe_into(

@@ -7,9 +7,10 @@ night (drift, with since when each problem has been there), which problems there
 targets (groups of targets with the same findings: 140 identical failures are one line), what to run to
 fix them (one `fleetfix apply` line per fix, for all its targets) and which versions run where.
 
-Nothing from a target is trusted: the template escapes every value (autoescape) and `clean()` makes control
-and bidi characters visible before that, so a name cannot hide text or forge a line. A fix command is
-offered to copy only when it contains no such character; targets whose names do are left out of it, named.
+Nothing from a target is trusted: the template escapes every value (autoescape) and `fleetfix.terminal`
+makes control and bidi characters visible before that, so a name cannot hide text or forge a line. A fix
+command is offered to copy only when it contains no such character; targets whose names do are left out
+of it, named.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import re
 import shlex
 import time
-import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +28,7 @@ from fleetfix.audit.drift import IDENTITY_KEYS
 from fleetfix.audit.model import HEALTH_ORDER, TargetResult, TrendPoint
 from fleetfix.probe import Finding, Fix
 from fleetfix.probe.rules.tables import MIN_DRIVER_BY_MAJOR
+from fleetfix.terminal import has_control
 
 # Worst first: the order groups, fixes and bars are sorted by.
 HEALTH_RANK = {health: rank for rank, health in enumerate(reversed(HEALTH_ORDER))}
@@ -36,32 +37,6 @@ SEVERITY_RANK = {"error": 0, "warning": 1, "info": 2}
 TOP_CODES = 8
 
 # ---------------------------------------------------------------- untrusted text
-
-# Cc (C0/C1 controls: ESC, CR, ...), Cf (bidi overrides, zero-width characters), Zl/Zp (line breaks).
-_UNSAFE_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp"})
-
-
-def _unsafe_char(char: str) -> bool:
-    return unicodedata.category(char) in _UNSAFE_CATEGORIES
-
-
-def has_control(text: str) -> bool:
-    # isprintable() is False for every unsafe category (and for a few harmless ones): a fast pre-check.
-    return not text.isprintable() and any(_unsafe_char(char) for char in text)
-
-
-def clean(text: str, *, keep_newlines: bool = False) -> str:
-    """The text with every control, format (bidi, zero-width) and line-separator character shown as a
-    visible escape (\\x1b, \\u202e): a value from a target can neither hide text nor start a new line."""
-    if not has_control(text):
-        return text
-    kept = "\n\t" if keep_newlines else ""
-    return "".join(
-        char if char in kept or not _unsafe_char(char)
-        else (f"\\x{ord(char):02x}" if ord(char) < 0x100 else f"\\u{ord(char):04x}")
-        for char in text
-    )
-
 
 def natural_key(text: str) -> tuple[tuple[int, int | str], ...]:
     """pve1/9 before pve1/10: digit runs compare as numbers."""

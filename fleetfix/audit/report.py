@@ -20,12 +20,14 @@ import jinja2
 from markupsafe import Markup
 
 from fleetfix.audit import AuditRun
-from fleetfix.audit.dashboard import build_dashboard, clean
+from fleetfix.audit.dashboard import build_dashboard
 from fleetfix.audit.dashboard import when as short_when
 from fleetfix.audit.drift import Drift
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
+from fleetfix.paths import private_dir
 from fleetfix.probe import Finding
+from fleetfix.terminal import safe, safe_line
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -176,9 +178,9 @@ def _shown(value: Any) -> Any:
     characters from a target become visible escapes. Markup is the template's own (tojson keeps the
     newlines it indents with; JSON already escapes control characters inside its strings)."""
     if isinstance(value, Markup):
-        return Markup(clean(str(value), keep_newlines=True))
+        return Markup(safe(str(value)))
     if isinstance(value, str):
-        return clean(value)
+        return safe_line(value)
     return value
 
 
@@ -243,8 +245,18 @@ def junit_report(run: AuditRun) -> str:
             totals[key] += value
     for key, value in totals.items():
         root.set(key, str(value))
+    _xml_safe(root)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def _xml_safe(root: ET.Element) -> None:
+    """Every text and attribute, its control characters escaped visibly: XML 1.0 cannot carry them, and
+    ElementTree writes them anyway, leaving the file not well-formed (issue 18)."""
+    for element in root.iter():
+        element.text = None if element.text is None else safe(element.text)
+        for key, value in element.attrib.items():
+            element.set(key, safe(value))
 
 
 def _testcase(suite: ET.Element, result: TargetResult, name: str, counts: dict[str, int]) -> ET.Element:
@@ -340,14 +352,16 @@ def write_atomic(path: str | Path, text: str) -> None:
     """Write text to path via a temporary file in the same directory and a rename, so a reader (the
     node_exporter textfile collector, a web server) sees the old file or the new one, never half."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    private_dir(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the collector may run as another user
+        # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target and
+        # its weaknesses (issue 18). A collector running as another user needs an ACL or a group.
+        os.chmod(tmp, 0o600)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -29,6 +29,7 @@ from pathlib import Path
 from fleetfix.audit.report import write_atomic
 from fleetfix.audit.store import DB_ENV
 from fleetfix.errors import ConfigError
+from fleetfix.secrets import is_reference, is_secret_name
 
 _UNIT_NAME = re.compile(r"[A-Za-z0-9_.@-]{1,200}")
 _AT = re.compile(r"([01]?[0-9]|2[0-3]):([0-5][0-9])")
@@ -51,6 +52,23 @@ def _no_control(value: str, what: str) -> str:
     if _CONTROL.search(value):
         raise ConfigError(f"{what}: control characters (newline, tab, ...) are not allowed: {value!r}")
     return value
+
+
+def _refuse_secret_values(audit_args: Sequence[str]) -> None:
+    """A unit file or crontab line holds references only, never a secret (issue 18): a secret-named
+    `--var NAME=VALUE` must be `@env:NAME`/`@file:PATH` (or come from a --var-file), and a become password
+    is a reference anyway (checked by the audit's own options)."""
+    for index, arg in enumerate(audit_args):
+        if arg == "--var" and index + 1 < len(audit_args):
+            item = audit_args[index + 1]
+        elif arg.startswith("--var="):
+            item = arg[len("--var="):]
+        else:
+            continue
+        name, _, value = item.partition("=")
+        if is_secret_name(name) and not is_reference(value):
+            raise ConfigError(f"--var {name}: a scheduled run keeps its options in a unit file or crontab; "
+                              f"give the value as @file:PATH or @env:NAME, or in a --var-file")
 
 
 def timespan_seconds(span: str, option: str = "--randomized-delay") -> int:
@@ -97,6 +115,7 @@ class ScheduleSpec:
         timeout_s = timespan_seconds(timeout, "--timeout")
         if timeout_s < 1:
             raise ConfigError(f"--timeout {timeout!r}: expected a time span of at least 1s")
+        _refuse_secret_values(audit_args)
         environment = {}
         if db:
             environment[DB_ENV] = _no_control(os.path.abspath(db), "--db")

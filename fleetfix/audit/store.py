@@ -18,6 +18,7 @@ indexed lookup per recorded target; reading it back is one range scan of the run
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sqlite3
@@ -26,11 +27,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
+from urllib.parse import quote
 
 from fleetfix.audit.model import RunInfo, StoredRun, TargetResult, TrendPoint
-from fleetfix.errors import ConfigError
-from fleetfix.paths import default_state_dir
+from fleetfix.errors import ConfigError, StoreError
+from fleetfix.paths import default_state_dir, private_dir, private_file
 from fleetfix.probe import Finding
 
 DB_ENV = "FLEETFIX_AUDIT_DB"
@@ -154,31 +156,85 @@ def migrate(conn: sqlite3.Connection, *, target_version: int = SCHEMA_VERSION) -
     return found
 
 
-class AuditStore:
-    """The history database. Thread-safe: one connection, one lock (results arrive from worker threads)."""
+def describe_failure(path: Path, error: sqlite3.Error) -> StoreError:
+    """One line for what SQLite said, with what to do: the cases an operator meets (issue 18)."""
+    text = " ".join(str(error).split())
+    if "locked" in text or "busy" in text:
+        return StoreError(f"{path}: the audit database is locked by another process (an audit or a reader "
+                          "still running?); try again when it has finished")
+    if "full" in text:
+        return StoreError(f"{path}: the disk is full: the audit database cannot be written ({text})")
+    if "malformed" in text or "not a database" in text or "corrupt" in text:
+        return StoreError(f"{path}: the audit database is corrupt ({text}); move it aside to start a new "
+                          "history (sqlite3's .recover may save the old one)")
+    return StoreError(f"{path}: audit database error: {text}")
 
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _guarded(method: F) -> F:
+    """SQLite's errors out of a store method as one-line StoreErrors, never tracebacks."""
+
+    @functools.wraps(method)
+    def wrapper(self: AuditStore, *args: Any, **kwargs: Any) -> Any:
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            return method(self, *args, **kwargs)
+        except sqlite3.Error as error:
+            raise describe_failure(self.path, error) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+class AuditStore:
+    """The history database. Thread-safe: one connection, one lock (results arrive from worker threads).
+
+    readonly: for commands that only read (history, show, diff): the file must exist (a mistyped --db is
+    an error, never a new empty database) and is opened read-only. Written, it is 0600 in a 0700 state
+    dir whatever the umask; SQLite gives its -wal and -shm files the database's own permissions.
+    """
+
+    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
+        self.path = Path(path)
+        self.readonly = readonly
+        if readonly and not self.path.is_file():
+            raise ConfigError("no audit database here (a typo in --db? `fleetfix audit` creates it)",
+                              path=str(self.path))
+        try:
+            if not readonly:
+                private_dir(self.path.parent)
+                private_file(self.path)
             # isolation_level=None: transactions are explicit (BEGIN/COMMIT below), never implicit.
-            self._conn = sqlite3.connect(
-                self.path, check_same_thread=False, isolation_level=None, timeout=30.0
-            )
-            self._conn.execute("PRAGMA journal_mode = WAL")
+            target = f"file:{quote(str(self.path.resolve()))}?mode=ro" if readonly else str(self.path)
+            self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                         timeout=30.0, uri=readonly)
+            if not readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
             # NORMAL is durable against a killed process in WAL mode (only power loss can drop the
             # last commits, never corrupt): the case the audit must survive.
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._conn.execute("PRAGMA foreign_keys = ON")
-            migrate(self._conn)
+            if readonly:
+                found = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+                if found != SCHEMA_VERSION:
+                    raise ConfigError(f"audit database schema v{found}, this fleetfix reads v{SCHEMA_VERSION}"
+                                      " (an audit run upgrades an older one)", path=str(self.path))
+            else:
+                migrate(self._conn)
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc) or "busy" in str(exc) or "full" in str(exc):
+                raise describe_failure(self.path, exc) from None
+            raise ConfigError(f"cannot open audit database: {exc}", path=str(self.path)) from None
         except sqlite3.DatabaseError as exc:
             raise ConfigError(f"cannot open audit database: {exc}", path=str(self.path)) from None
         except OSError as exc:
-            raise ConfigError(f"cannot create audit database: {exc}", path=str(self.path)) from None
+            raise ConfigError(f"cannot create audit database: {exc.strerror or exc}",
+                              path=str(self.path)) from None
         self._lock = threading.Lock()
 
     # -- writing ---------------------------------------------------------------------------------------
 
+    @_guarded
     def start_run(self, args: Mapping[str, Any] | None = None, *, started: float | None = None,
                   parent: int | None = None, remediation: Mapping[str, Any] | None = None) -> int:
         with self._lock:
@@ -190,6 +246,7 @@ class AuditStore:
             )
             return int(cursor.lastrowid or 0)
 
+    @_guarded
     def set_remediation(self, run_id: int, remediation: Mapping[str, Any]) -> None:
         """Attach what a remediation did to a run whose results it did not change (check mode, nothing
         to remediate, an aborted apply): there is no re-probe run to carry it."""
@@ -197,6 +254,7 @@ class AuditStore:
             self._conn.execute("UPDATE runs SET remediation = ? WHERE id = ?",
                                (json.dumps(dict(remediation), default=str), run_id))
 
+    @_guarded
     def record_target(self, run_id: int, result: TargetResult) -> None:
         """One target's result and findings, in one transaction, committed before returning."""
         with self._lock:
@@ -227,6 +285,7 @@ class AuditStore:
                 raise
             self._conn.execute("COMMIT")
 
+    @_guarded
     def finish_run(self, run_id: int, *, finished: float | None = None) -> None:
         with self._lock:
             end = time.time() if finished is None else finished
@@ -237,6 +296,7 @@ class AuditStore:
 
     # -- reading ---------------------------------------------------------------------------------------
 
+    @_guarded
     def runs(self, *, limit: int | None = None) -> list[RunInfo]:
         """Runs, newest first, with per-run counts."""
         query = (
@@ -251,6 +311,7 @@ class AuditStore:
             rows = self._conn.execute(query, params).fetchall()
         return [_run_info(row) for row in rows]
 
+    @_guarded
     def resolve(self, ref: str) -> int:
         """A run id from what a user typed: a number, or "last" / "latest" (newest run)."""
         if ref in ("last", "latest"):
@@ -262,6 +323,7 @@ class AuditStore:
             raise ConfigError(f"run {ref!r}: expected a run number or 'last'")
         return int(ref)
 
+    @_guarded
     def load(self, run_id: int) -> StoredRun:
         with self._lock:
             info = [_run_info(row) for row in self._conn.execute(
@@ -295,6 +357,7 @@ class AuditStore:
         )
         return StoredRun(info[0], results)
 
+    @_guarded
     def previous_complete(self, run_id: int) -> int | None:
         """The newest complete run before run_id: the baseline drift is measured against."""
         with self._lock:
@@ -303,6 +366,16 @@ class AuditStore:
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
+    @_guarded
+    def latest_complete_runs(self, before: int) -> dict[str, int]:
+        """Each target's newest complete run before `before` (drift's per-target baseline)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT t.target, MAX(t.run) FROM target_results t JOIN runs r ON r.id = t.run"
+                " WHERE r.status = 'complete' AND t.run < ? GROUP BY t.target", (before,)).fetchall()
+        return {str(target): int(run) for target, run in rows}
+
+    @_guarded
     def last_probed(self, target: str) -> float | None:
         """When `target` was last probed successfully (the start of that run), in any run: a result
         committed as `ok` is a real observation even if its run was later killed."""
@@ -310,6 +383,7 @@ class AuditStore:
             "SELECT MAX(r.started) FROM runs r JOIN target_results t ON t.run = r.id"
             " WHERE t.target = ? AND t.status = 'ok'", target)
 
+    @_guarded
     def first_seen(self, target: str) -> float | None:
         """When `target` first appears in the history at all (probed or not)."""
         return self._scalar(

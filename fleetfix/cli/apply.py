@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 import click
 
 from fleetfix.cli.common import (
+    DEFAULT_RECORD_OUTPUT,
+    FleetOptions,
     ReportChoice,
     RolloutOptions,
     handle_errors,
@@ -36,13 +38,19 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     from fleetfix.probe.run import gather_facts
     from fleetfix.secrets import Redactor
 
-    redactor = Redactor()  # secret-named vars: masked in everything printed, live lines included
+    variables, secrets = rollout.secret_vars()
+    # Secret-named vars and every value from the secret channel (references, --var-file): masked in
+    # everything printed, live lines included, and recorded.
+    redactor = Redactor()
+    redactor.add(secrets)
     live = LiveOutput(redact=redactor.text) if live_output else None
-    with RunRecorder(rollout.records_dir()) as recorder:
+    with RunRecorder(rollout.records_dir(), max_field=rollout.record_output or DEFAULT_RECORD_OUTPUT
+                     ) as recorder:
+        recorder.add_secrets(secrets)
         run = run_playbook(
             playbook, targets, fleet_map=fleet.map,
             facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-            vars=rollout.variables(), check=rollout.check, recorder=recorder, serial=rollout.serial,
+            vars=variables, check=rollout.check, recorder=recorder, serial=rollout.serial,
             max_fail_pct=rollout.max_fail,
             on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
             on_output=None if live is None else live.on_output,
@@ -61,7 +69,7 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
 @report_options("apply")
 @handle_errors
 def apply_command(playbook_path: str, rollout: RolloutOptions, report: ReportChoice, targets: TargetRequest,
-                  forks: int) -> ExitCode:
+                  fleet_options: FleetOptions) -> ExitCode:
     """Apply a playbook to targets: ordered, idempotent steps; a recap per target at the end.
 
     With --snapshot (or `snapshot: true` in the playbook) each container or VM is snapshotted on its
@@ -75,14 +83,13 @@ def apply_command(playbook_path: str, rollout: RolloutOptions, report: ReportCho
           --var cuda_repo_base=http://mirror.internal/compute/cuda/repos
       fleetfix apply playbooks/cuda-toolkit.yaml -i inventory.yaml --snapshot --rollback-on-failure
     """
-    from fleetfix.fleet import Fleet
     from fleetfix.playbook import load_playbook
 
     targets.check()  # a usage error first, before any file is read
     playbook = load_playbook(playbook_path)
     rollout.variables()  # a bad --var fails before anything is resolved or probed
     resolved = resolve(targets).targets
-    with Fleet(forks=forks) as fleet:
+    with fleet_options.open() as fleet:
         run = roll_out(playbook, resolved, fleet, rollout, show_steps=not report.as_json,
                        live_output=verbose() and not report.as_json)
     report.emit(run)

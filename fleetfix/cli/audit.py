@@ -14,6 +14,7 @@ import click
 
 from fleetfix.cli.apply import roll_out
 from fleetfix.cli.common import (
+    FleetOptions,
     ReportChoice,
     RolloutOptions,
     handle_errors,
@@ -32,10 +33,10 @@ DB_HELP = "History database (default: $FLEETFIX_AUDIT_DB, else <state dir>/audit
 _DB = click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
 
 
-def _store(db: str | None) -> AuditStore:
+def _store(db: str | None, *, readonly: bool = False) -> AuditStore:
     from fleetfix.audit import AuditStore, default_db_path
 
-    return AuditStore(db or default_db_path())
+    return AuditStore(db or default_db_path(), readonly=readonly)
 
 
 # The usage line says so explicitly: the subcommand is optional (click releases disagree on what to infer).
@@ -54,7 +55,7 @@ def _store(db: str | None) -> AuditStore:
 @handle_errors
 def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, deep: bool,
                 report: ReportChoice, remediate_path: str | None, rollout: RolloutOptions,
-                targets: TargetRequest, forks: int) -> ExitCode | None:
+                targets: TargetRequest, fleet_options: FleetOptions) -> ExitCode | None:
     """Probe the fleet, judge it by a policy, record it, and report what changed since the last run.
 
     \b
@@ -78,7 +79,6 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     )
     from fleetfix.audit.lock import exclusive_audit
     from fleetfix.cli.live import ProbeProgress
-    from fleetfix.fleet import Fleet
     from fleetfix.playbook import load_playbook
 
     if remediate_path is None and rollout.given():
@@ -86,7 +86,9 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     policy = load_policy(policy_path)
     # Load the playbook and vars before probing anything: a typo fails now, not after the audit.
     playbook = load_playbook(remediate_path) if remediate_path else None
-    variables = rollout.variables()
+    from fleetfix.secrets import mask_vars
+
+    variables, secrets = rollout.secret_vars()
     resolved = resolve(targets).targets
     args = {"limit": targets.limit, "inventory": targets.inventory, "host": targets.host,
             "targets": len(resolved)}
@@ -94,7 +96,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
         args.update(remediate=remediate_path, check=rollout.check)
     db_path = Path(db) if db else default_db_path()
     # One audit per history at a time (fleetfix.audit.lock): a second one exits instead of interleaving.
-    with exclusive_audit(db_path), AuditStore(db_path) as store, Fleet(forks=forks) as fleet:
+    with exclusive_audit(db_path), AuditStore(db_path) as store, fleet_options.open() as fleet:
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
                             on_progress=progress.advance, args=args)
@@ -105,7 +107,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
         show_steps = sys.stdout.isatty() and not report.as_json
         final = remediate_audit(
             run, resolved, playbook=remediate_path, check=rollout.check, fleet=fleet, policy=policy,
-            store=store, vars=variables, deep=deep,
+            store=store, vars=mask_vars(variables, secrets), deep=deep,  # only recorded: masked
             apply=lambda chosen: roll_out(playbook, chosen, fleet, rollout, show_steps=show_steps,
                                           live_output=False),
         )
@@ -116,7 +118,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
 
 @audit_group.command("history")
 @_DB
-@click.option("-n", "--last", "count", type=click.IntRange(1), default=20, show_default=True,
+@click.option("-n", "--last", "count", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
               help="How many runs.")
 @report_options("audit-history")
 @handle_errors
@@ -124,7 +126,7 @@ def audit_history(db: str | None, count: int, report: ReportChoice) -> None:
     """List recorded audit runs, newest first."""
     from fleetfix.audit import AuditHistory
 
-    with _store(db) as store:
+    with _store(db, readonly=True) as store:
         history = AuditHistory(store.runs(limit=count))
     report.emit(history)
 
@@ -139,7 +141,7 @@ def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findi
     """Re-render a recorded run (a number, or `last`), with its drift against the run before it."""
     from fleetfix.audit import load_audit
 
-    with _store(db) as store:
+    with _store(db, readonly=True) as store:
         run = load_audit(store, store.resolve(run_ref))
     report.emit(run, verbose=verbose_findings)
 
@@ -154,6 +156,6 @@ def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice)
     """What changed from RUN1 to RUN2: findings new / resolved, targets appeared / vanished / unreachable."""
     from fleetfix.audit.drift import compute_drift
 
-    with _store(db) as store:
+    with _store(db, readonly=True) as store:
         old, new = store.load(store.resolve(old_ref)), store.load(store.resolve(new_ref))
     report.emit(compute_drift(old, new))

@@ -25,15 +25,59 @@ import click
 from fleetfix.errors import ConfigError, ExitCode, FleetfixError
 from fleetfix.inventory.request import TargetRequest
 from fleetfix.reports import TEXT, ReportFormat, formats_for, write_report
+from fleetfix.secrets import is_reference, resolve_reference
+from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
+    from fleetfix.fleet import Fleet
     from fleetfix.inventory.resolve import Resolution
     from fleetfix.playbook.snapshots import SnapshotPolicy
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# fleet.DEFAULT_FORKS, spelled out: importing fleetfix.fleet here would slow down `--help`.
+# fleet.DEFAULT_FORKS and transport.base.DEFAULT_MAX_OUTPUT, spelled out: importing fleetfix.fleet here
+# would slow down `--help`.
 DEFAULT_FORKS = 32
+DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+DEFAULT_RECORD_OUTPUT = 256 * 1024
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2,
+               "mib": 1024**2, "g": 1024**3, "gb": 1024**3, "gib": 1024**3}
+
+
+class ByteSize(click.types.IntParamType):  # an int type: click 8.5's ParamType is generic, 8.2's is not
+    """A size in bytes: 65536, 512k, 8MiB, 1G (binary units), within [minimum, maximum]."""
+
+    name = "size"
+
+    def __init__(self, minimum: int, maximum: int) -> None:
+        self.minimum, self.maximum = minimum, maximum
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            size = value
+        else:
+            text = str(value).strip().lower()
+            number = text.rstrip("kmgib")
+            unit = text[len(number):]
+            if not number.isdigit() or len(number) > 12 or unit not in _SIZE_UNITS:
+                self.fail(f"{value!r} is not a size (bytes, or with k/M/G, e.g. 8M)", param, ctx)
+            size = int(number) * _SIZE_UNITS[unit]
+        if not self.minimum <= size <= self.maximum:
+            self.fail(f"{value!r} is not between {self.minimum} and {self.maximum} bytes", param, ctx)
+        return size
+
+
+@dataclass(frozen=True)
+class FleetOptions:
+    """How the fleet is driven: nodes at once, and what a command's output may hold in memory."""
+
+    forks: int = DEFAULT_FORKS
+    max_output: int = DEFAULT_MAX_OUTPUT
+
+    def open(self) -> Fleet:
+        from fleetfix.fleet import Fleet
+
+        return Fleet(forks=self.forks, max_output=self.max_output)
 
 
 def _decorate(func: F, options: Sequence[Callable[[F], F]]) -> F:
@@ -53,7 +97,7 @@ _TARGET_FIELDS = [f.name for f in fields(TargetRequest) if f.name != "local"]
 
 def targeting_options(func: F) -> F:
     """The options every fleet command shares; the command receives `targets: TargetRequest` and
-    `forks: int`."""
+    `fleet: FleetOptions`."""
     options: list[Callable[[F], F]] = [
         # click.Path (no checks): `schedule install` finds the path-valued options by their type.
         click.option("-i", "--inventory", metavar="FILE", type=click.Path(),
@@ -73,18 +117,30 @@ def targeting_options(func: F) -> F:
                      help="Container on --host (repeatable). Without --ct/--vm, the node itself."),
         click.option("--vm", "vmids", type=click.IntRange(1, 999_999_999), multiple=True, metavar="VMID",
                      help="VM on --host, through its QEMU guest agent (repeatable)."),
-        click.option("--connect-timeout", type=click.FloatRange(0.1), default=10.0, show_default=True,
+        click.option("--connect-timeout", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
                      help="Seconds to wait for an SSH connection."),
         click.option("--forks", type=click.IntRange(1, 1000), default=DEFAULT_FORKS, show_default=True,
                      help="Nodes worked on at once."),
         click.option("--refresh", is_flag=True, help="Bypass the Proxmox discovery cache."),
+        click.option("--become", is_flag=True,
+                     help="Run pct/qm/pvesh (and a node target's commands) through `sudo -n` on the "
+                          "node: for a login that is not root (inventory: become)."),
+        click.option("--become-user", metavar="USER", default=None,
+                     help="The user sudo runs them as (default root; with --become)."),
+        click.option("--become-password", metavar="REF", default=None,
+                     help="sudo's password, as @env:NAME or @file:PATH (never the password itself; with "
+                          "--become)."),
+        click.option("--max-output", type=ByteSize(64 * 1024, 1024**3), default=DEFAULT_MAX_OUTPUT,
+                     metavar="SIZE", help="Output kept in memory per command and stream (e.g. 8M); the "
+                     "middle of more is dropped, and a marker line says how much.  [default: 8M]"),
     ]
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         values = _collect(_TARGET_FIELDS, kwargs)
         values["local"] = kwargs.pop("local", False)
-        return func(*args, targets=TargetRequest(**values), **kwargs)
+        fleet = FleetOptions(forks=kwargs.pop("forks"), max_output=kwargs.pop("max_output"))
+        return func(*args, targets=TargetRequest(**values), fleet_options=fleet, **kwargs)
 
     return _decorate(cast(F, wrapper), options)
 
@@ -113,6 +169,7 @@ class RolloutOptions:
     """How a playbook is rolled out: the options `apply` and `audit --remediate` share."""
 
     var_items: tuple[str, ...] = ()
+    var_files: tuple[str, ...] = ()
     check: bool = False
     serial: int | None = None
     max_fail: float | None = None
@@ -121,13 +178,33 @@ class RolloutOptions:
     rollback_on_failure: bool = False
     keep_snapshots: int | None = None
     allow_no_snapshot: bool = False
+    record_output: int | None = None  # None: DEFAULT_RECORD_OUTPUT
 
     def given(self) -> list[str]:
         """The options set on the command line, by their option names (for error messages)."""
         return [_ROLLOUT_FLAGS[f.name] for f in fields(self) if _is_set(getattr(self, f.name))]
 
-    def variables(self) -> dict[str, str]:
-        return parse_var(self.var_items)
+    def variables(self) -> dict[str, Any]:
+        """The vars, references resolved (`--var-file` first, then `--var` in order: later wins)."""
+        return self.secret_vars()[0]
+
+    def secret_vars(self) -> tuple[dict[str, Any], list[str]]:
+        """The vars, and the values that came through the secret channel (an @env:/@file: reference or a
+        --var-file), which are masked wherever they would be shown or recorded, whatever their names."""
+        from fleetfix.secrets import load_var_file
+
+        values: dict[str, Any] = {}
+        secrets: list[str] = []
+        for path in self.var_files:
+            loaded = load_var_file(path)
+            values.update(loaded)
+            secrets.extend(_scalars(loaded))
+        for name, value in parse_var(self.var_items).items():
+            if is_reference(value):
+                value = resolve_reference(value, f"--var {name}")
+                secrets.append(value)
+            values[name] = value
+        return values, secrets
 
     def snapshot_policy(self) -> SnapshotPolicy:
         from fleetfix.playbook.snapshots import SnapshotPolicy
@@ -144,15 +221,25 @@ class RolloutOptions:
         return self.state_dir or default_state_dir()
 
 
+def _scalars(value: Any) -> list[str]:
+    if isinstance(value, dict):
+        return [text for item in value.values() for text in _scalars(item)]
+    if isinstance(value, list):
+        return [text for item in value for text in _scalars(item)]
+    return [] if value is None or isinstance(value, bool) else [str(value)]
+
+
 def _is_set(value: object) -> bool:
     # Not `value in (None, False, ())`: --max-fail 0 is set, and 0.0 == False.
     return value is not None and value is not False and value != ()
 
 
 _ROLLOUT_FLAGS = {
-    "var_items": "--var", "check": "--check", "serial": "--serial", "max_fail": "--max-fail",
+    "var_items": "--var", "var_files": "--var-file", "check": "--check", "serial": "--serial",
+    "max_fail": "--max-fail",
     "state_dir": "--state-dir", "snapshot": "--snapshot", "rollback_on_failure": "--rollback-on-failure",
     "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
+    "record_output": "--record-output",
 }
 
 
@@ -162,10 +249,15 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
 
     return [
         click.option("--var", "var_items", multiple=True, metavar="NAME=VALUE",
-                     help=text("Set a playbook var (repeatable).")),
+                     help=text("Set a playbook var (repeatable). VALUE may be a reference, @env:NAME or "
+                               "@file:PATH, resolved at run time and masked everywhere.")),
+        click.option("--var-file", "var_files", multiple=True, metavar="FILE",
+                     type=click.Path(dir_okay=False),
+                     help=text("Vars from a YAML/JSON mapping (repeatable; refused if group or others may "
+                               "read it). Its values are secrets: masked everywhere.")),
         click.option("--check", is_flag=True,
                      help=text("Run only `when` and `check`: report what would change, change nothing.")),
-        click.option("--serial", type=click.IntRange(1), default=None,
+        click.option("--serial", type=click.IntRange(1, 1_000_000), default=None,
                      help=text("Roll out in batches of N targets.")),
         click.option("--max-fail", "max_fail", type=click.FloatRange(0, 100), default=None, metavar="PCT",
                      help=text("Stop starting new batches once more than PCT% of targets failed.")),
@@ -177,11 +269,15 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                                "--check mode).")),
         click.option("--rollback-on-failure", is_flag=True,
                      help=text("Roll back a guest whose apply failed (implies --snapshot).")),
-        click.option("--keep-snapshots", type=click.IntRange(1), default=None, metavar="N",
+        click.option("--keep-snapshots", type=click.IntRange(1, 1000), default=None, metavar="N",
                      help=text("Keep only the N newest fleetfix-* snapshots per guest (implies "
                                "--snapshot).")),
         click.option("--allow-no-snapshot", is_flag=True,
                      help=text("Change guests whose storage cannot snapshot (and nodes) anyway.")),
+        click.option("--record-output", type=ByteSize(1024, 1024**3), default=None, metavar="SIZE",
+                     help=text("Output kept per script and stream in the run record (e.g. 256k); the "
+                               "middle of more is dropped, and a marker line says how much.  "
+                               "[default: 256k]")),
     ]
 
 
@@ -207,7 +303,9 @@ def parse_var(values: Sequence[str]) -> dict[str, str]:
     for item in values:
         key, sep, value = item.partition("=")
         if not sep or not key.strip().isidentifier():
-            raise ConfigError(f"--var {item!r}: expected NAME=VALUE with NAME a plain identifier")
+            # The name only: what follows `=` may be a secret typed with a mistake before it.
+            shown = key if sep and key.isprintable() and len(key) <= 64 else "…"
+            raise ConfigError(f"--var {shown!r}: expected NAME=VALUE with NAME a plain identifier")
         parsed[key.strip()] = value
     return parsed
 
@@ -227,11 +325,23 @@ class ReportChoice:
         return self.stdout.name != "text"
 
     def emit(self, run: Any, **options: Any) -> None:
-        """Write the file reports, then print the stdout report."""
+        """Write the file reports, then print the stdout report. A reader that went away (`| head`)
+        is not the command's failure: the rest of the output is dropped and its exit code stands."""
         for report_format, path in self.files:
             write_report(path, report_format.render(run, **options))
-        sys.stdout.write(self.stdout.render(run, **options))
-        sys.stdout.flush()
+        try:
+            sys.stdout.write(self.stdout.render(run, **options))
+            sys.stdout.flush()
+        except BrokenPipeError:
+            stdout_gone()
+
+
+def stdout_gone() -> None:
+    """The reader of stdout has gone: send whatever is still written there to /dev/null, so that
+    neither a later write nor the interpreter's final flush raises (Python docs, "Note on SIGPIPE")."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def report_options(kind: str) -> Callable[[F], F]:
@@ -330,11 +440,16 @@ def handle_errors(func: F) -> F:
             except FleetfixError as exc:
                 if verbose():
                     raise
-                click.echo(f"fleetfix: error: {exc.with_hint()}", err=True)
+                # One line, escaped: the message may quote a target's output.
+                click.echo(f"fleetfix: error: {safe_line(exc.with_hint())}", err=True)
                 sys.exit(ExitCode.INTERRUPTED if interrupts.interrupted else exc.exit_code)
             except KeyboardInterrupt:
                 click.echo("fleetfix: interrupted", err=True)
                 sys.exit(ExitCode.INTERRUPTED)
+            except BrokenPipeError:  # stdout closed early, outside a report: no traceback for that
+                stdout_gone()
+                click.echo("fleetfix: error: output closed early (broken pipe)", err=True)
+                sys.exit(ExitCode.FAILED)
             if interrupts.interrupted:  # the command wrapped up after a Ctrl-C: say so in the exit code
                 click.echo("fleetfix: interrupted", err=True)
                 sys.exit(ExitCode.INTERRUPTED)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fleetfix.cli.common import (
+    FleetOptions,
     ReportChoice,
     handle_errors,
     local_option,
@@ -27,12 +28,13 @@ if TYPE_CHECKING:
 @click.command("exec", context_settings={"ignore_unknown_options": True})
 @targeting_options
 @local_option
-@click.option("--timeout", type=click.FloatRange(0.1), default=None, help="Per-target command timeout (s).")
+@click.option("--timeout", type=click.FloatRange(0.1, 7 * 86400), default=None,
+              help="Per-target command timeout (s).")
 @report_options("exec")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @handle_errors
 def exec_command(command: tuple[str, ...], timeout: float | None, report: ReportChoice,
-                 targets: TargetRequest, forks: int) -> ExitCode:
+                 targets: TargetRequest, fleet_options: FleetOptions) -> ExitCode:
     """Run a command on targets; its arguments reach the remote side verbatim.
 
     Each target's stdout is printed when it finishes, under a `== TARGET exit N` line; its stderr goes
@@ -47,7 +49,6 @@ def exec_command(command: tuple[str, ...], timeout: float | None, report: Report
     """
     from fleetfix.cli.live import LiveOutput, Transcripts
     from fleetfix.command import run_command
-    from fleetfix.fleet import Fleet
     from fleetfix.reports.console import err_console
     from fleetfix.secrets import Redactor, secret_values
 
@@ -74,7 +75,7 @@ def exec_command(command: tuple[str, ...], timeout: float | None, report: Report
         if live is not None:
             live.flush(target.name)  # a last line without its newline
 
-    with Fleet(forks=forks) as fleet:
+    with fleet_options.open() as fleet:
         run = run_command(fleet, resolved, command, timeout=timeout, sink_for=sink_for, done=done)
     if transcripts is not None:
         report.emit(run, transcripts=transcripts.lines())

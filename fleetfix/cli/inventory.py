@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import click
 
-from fleetfix.cli.common import ReportChoice, handle_errors, report_options, resolve, targeting_options
+from fleetfix.cli.common import (
+    FleetOptions,
+    ReportChoice,
+    handle_errors,
+    report_options,
+    resolve,
+    targeting_options,
+)
 from fleetfix.inventory.request import TargetRequest
 
 
@@ -17,7 +24,7 @@ def inventory_group() -> None:
 @targeting_options
 @report_options("targets")
 @handle_errors
-def inventory_list(report: ReportChoice, targets: TargetRequest, forks: int) -> None:
+def inventory_list(report: ReportChoice, targets: TargetRequest, fleet_options: FleetOptions) -> None:
     """List the resolved targets, with their node, vars, tags and groups.
 
     \b

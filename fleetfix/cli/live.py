@@ -14,6 +14,7 @@ from rich.text import Text
 
 from fleetfix.reports.console import STATUS_STYLE, console, err_console
 from fleetfix.target import Target
+from fleetfix.terminal import safe
 from fleetfix.transport.base import OutputSink, Stream
 
 if TYPE_CHECKING:
@@ -48,6 +49,9 @@ class ProbeProgress:
             self._progress.update(self._task, advance=1, description=report.target.name)
 
 
+MAX_LINE = 64 * 1024  # an unfinished line longer than this is printed as it is
+
+
 class LiveOutput:
     """Scripts' output as it arrives, `target | line` (stderr: `target ! line`), from many targets at once.
 
@@ -68,6 +72,9 @@ class LiveOutput:
     def feed(self, name: str, stream: Stream, chunk: bytes) -> None:
         with self._lock:
             *lines, rest = (self._partial.pop((name, stream), b"") + chunk).split(b"\n")
+            if len(rest) > MAX_LINE:  # a target printing without newlines must not grow this buffer
+                lines.append(rest)
+                rest = b""
             if rest:
                 self._partial[(name, stream)] = rest
             for line in lines:
@@ -95,7 +102,8 @@ class LiveOutput:
 
     def _print(self, name: str, stream: Stream, line: bytes) -> None:
         # Text, not markup: nothing a script prints can style (or break) the terminal output.
-        text = self._redact(line.rstrip(b"\r").decode(errors="replace"))  # whole lines: no cut UTF-8
+        # Whole lines (no cut UTF-8); control sequences escaped: the terminal is the operator's.
+        text = safe(self._redact(line.rstrip(b"\r").decode(errors="replace")))
         if not self._labelled:
             self._console.print(Text(text))
         elif stream == "stdout":
@@ -153,10 +161,10 @@ def step_printer(*, verbose: bool, live: LiveOutput | None = None) -> Any:
         else:
             verbose_replay = verbose
         style = STATUS_STYLE.get(step.status, "")
-        console.print(f"[{style}]{step.status:<12}[/] {escape(target.name)}: {escape(step.name)}"
-                      + (f" — {escape(step.reason)}" if step.reason else ""))
+        console.print(f"[{style}]{step.status:<12}[/] {escape(safe(target.name))}: {escape(safe(step.name))}"
+                      + (f" — {escape(safe(step.reason))}" if step.reason else ""))
         if verbose_replay and step.status in ("failed", "changed") and (step.stdout or step.stderr):
             for line in (step.stdout + step.stderr).rstrip().splitlines()[-40:]:
-                console.print(f"    {escape(line)}")
+                console.print(f"    {escape(safe(line))}")
 
     return on_step

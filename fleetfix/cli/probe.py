@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from fleetfix.cli.common import (
+    FleetOptions,
     ReportChoice,
     handle_errors,
     local_option,
@@ -22,7 +23,8 @@ from fleetfix.inventory.request import TargetRequest
 @click.option("--deep", is_flag=True, help="Also import torch and the extensions (slower, touches the GPU).")
 @report_options("probe")
 @handle_errors
-def probe_command(deep: bool, report: ReportChoice, targets: TargetRequest, forks: int) -> ExitCode:
+def probe_command(deep: bool, report: ReportChoice, targets: TargetRequest,
+                  fleet_options: FleetOptions) -> ExitCode:
     """Gather every fact in one round trip per target and name the root cause, with its fix.
 
     \b
@@ -32,11 +34,10 @@ def probe_command(deep: bool, report: ReportChoice, targets: TargetRequest, fork
       fleetfix probe -i inventory.yaml --limit 'tag:gpu' --json
     """
     from fleetfix.cli.live import ProbeProgress
-    from fleetfix.fleet import Fleet
     from fleetfix.probe.run import ProbeRun, probe_targets
 
     resolved = resolve(targets).targets
-    with Fleet(forks=forks) as fleet, ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
+    with fleet_options.open() as fleet, ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
         run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_done=progress.advance))
     report.emit(run)
     return run.exit_code

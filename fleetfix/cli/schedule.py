@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 # Every path-valued option of `fleetfix audit`, by what must exist when the schedule is installed.
 # (tests/unit/audit/test_audit_schedule.py checks that no click.Path option of the audit is left out.)
 INPUT_FILES = {"inventory": "inventory", "policy_path": "policy", "remediate_path": "playbook",
-               "identity": "SSH key"}
+               "identity": "SSH key", "var_files": "var file"}
 OUTPUT_FILES = {"db": "history database", "report_html": "HTML report", "report_junit": "JUnit report",
                 "report_prometheus": "Prometheus textfile", "known_hosts": "known_hosts file"}
 OUTPUT_DIRS = {"state_dir": "state directory"}
@@ -94,10 +94,12 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
         value, option = ctx.params[param.name], _option_name(param)
         kind = _kind(param.name)
         if kind is not None:
-            value = expected[param.name] = _absolute(str(value), cwd)
-            problem = path_problem(kind[0], value)
-            if problem:
-                raise ConfigError(f"audit option {option} ({kind[1]}): {value}: {problem}")
+            pinned = [_absolute(str(item), cwd) for item in (value if param.multiple else [value])]
+            for path in pinned:
+                problem = path_problem(kind[0], path)
+                if problem:
+                    raise ConfigError(f"audit option {option} ({kind[1]}): {path}: {problem}")
+            value = expected[param.name] = tuple(pinned) if param.multiple else pinned[0]
         if param.is_flag:  # the audit's flags are on/off switches (the round trip below checks it)
             if value:
                 argv.append(option)

@@ -55,8 +55,14 @@ def container_error(result: CommandResult, ctid: int, node: str) -> GuestError |
         re.compile(rf"lxc-attach: {ctid}: .*Failed to get init pid"),
     )
     missing = re.compile(rf"Configuration file 'nodes/[^/']+/lxc/{ctid}\.conf' does not exist")
+    # The login's shell did not find pct: /usr/sbin is not on a non-root login's PATH (sudo's secure_path
+    # has it), or this is no PVE node.
+    no_pct = re.compile(r"(?:\S+: (?:\d+: )?(?:line \d+: )?)?pct: (?:command )?not found")
     for line in result.stderr.splitlines():
         line = line.strip()
+        if result.exit_code == 127 and no_pct.fullmatch(line):
+            return GuestError(f"pct was not found on {node} for this login: a login that is not root needs "
+                              "become (sudo), and the node must be a Proxmox VE node")
         if any(pattern.fullmatch(line) for pattern in stopped):
             return GuestError(f"CT {ctid} on {node} is stopped")
         if missing.fullmatch(line):

@@ -14,6 +14,7 @@ targets alike. Discovered guests that are not targets (stopped, say) are kept in
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -47,7 +48,8 @@ from fleetfix.inventory.model import (
     ProxmoxModel,
 )
 from fleetfix.inventory.select import Term, apply_terms, check_unknown_prefixes, parse_pattern, select
-from fleetfix.target import NODE, GuestRef, NodeRef, SSHSettings, Target
+from fleetfix.secrets import FILE_PREFIX
+from fleetfix.target import NODE, Become, GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.yamlsource import Loc, Locations, load_yaml, parse_yaml, validate
 
 
@@ -198,7 +200,7 @@ def _add_discovered(
 
 def _guest_key(target: Target) -> tuple[Any, int | None]:
     ssh = target.node.ssh
-    return (ssh.key if ssh is not None else target.node.name, target.guest.id)
+    return (ssh.endpoint if ssh is not None else target.node.name, target.guest.id)
 
 
 def _pick(node: NodeModel, defaults: DefaultsModel, field: str) -> Any:
@@ -248,6 +250,7 @@ def _drafts(
             jump_host=_pick(node, model.defaults, "jump_host"),
             connect_timeout=float(_pick(node, model.defaults, "connect_timeout")),
             keepalive=float(_pick(node, model.defaults, "keepalive")),
+            become=_become(functools.partial(_pick, node, model.defaults), base),
         )
         ref = NodeRef(name=node.name, ssh=settings)  # one per node: its guests share the connection
         node_refs[node.name] = ref
@@ -372,8 +375,19 @@ def _api_source(
         identity_file=_file(pick("identity_file"), base), known_hosts=_file(pick("known_hosts"), base),
         accept_new=pick("accept_new"), jump_host=pick("jump_host"),
         connect_timeout=float(pick("connect_timeout")), keepalive=float(pick("keepalive")),
+        become=_become(pick, base),
     )
     return replace(source, api=access, node_ssh=node_ssh, node_addresses=dict(entry.node_addresses))
+
+
+def _become(pick: Callable[[str], Any], base: Path) -> Become | None:
+    """The node's become settings; a relative @file: password reference is relative to the inventory."""
+    if not pick("become"):
+        return None
+    password: str | None = pick("become_password")
+    if password is not None and password.startswith(FILE_PREFIX):
+        password = FILE_PREFIX + str(_file(password[len(FILE_PREFIX):], base))
+    return Become(user=pick("become_user"), password=password)
 
 
 def _error(where: Locations, loc: Loc, message: str) -> ConfigError:
@@ -446,6 +460,7 @@ def adhoc_targets(
     ctids: Sequence[int] = (),
     connect_timeout: float = 10.0,
     vmids: Sequence[int] = (),
+    become: Become | None = None,
 ) -> list[Target]:
     """Targets from `--host/--ct/--vm`: the node itself, or one target per CT and VM sharing one NodeRef."""
     if not ADDRESS_PATTERN.fullmatch(host):
@@ -472,7 +487,7 @@ def adhoc_targets(
     settings = SSHSettings(
         address=host, port=port, user=user,
         identity_file=_file(identity_file, cwd), known_hosts=_file(known_hosts, cwd),
-        accept_new=accept_new, connect_timeout=float(connect_timeout),
+        accept_new=accept_new, connect_timeout=float(connect_timeout), become=become,
     )
     ref = NodeRef(name=host, ssh=settings)
     if not guests:

@@ -106,6 +106,14 @@ def _check_env_name(value: str) -> str:
     return value
 
 
+def _check_secret_ref(value: str) -> str:
+    if not value.startswith(("@env:", "@file:")) or len(value.split(":", 1)[1]) == 0:
+        raise PydanticCustomError(
+            "secret_ref",
+            "expected a reference, @env:NAME or @file:PATH (the inventory never holds a secret)")
+    return value
+
+
 def _check_glob(value: str) -> str:
     if not value.strip():
         raise PydanticCustomError("glob", "expected a name or glob")
@@ -140,6 +148,7 @@ ApiUrl = Annotated[str, AfterValidator(_check_api_url)]
 TokenId = Annotated[str, AfterValidator(_check_token_id)]
 EnvName = Annotated[str, AfterValidator(_check_env_name)]
 Glob = Annotated[str, AfterValidator(_check_glob)]
+SecretRef = Annotated[str, AfterValidator(_check_secret_ref)]
 CtStatus = Literal["running", "stopped"]
 GuestKind = Literal["lxc", "vm"]  # fleetfix.guests kinds that Proxmox lists
 
@@ -160,6 +169,10 @@ class ConnectionFields(_Model):
     jump_host: JumpHost | None = None
     connect_timeout: Seconds = 10.0
     keepalive: KeepaliveSeconds = 15.0
+    # A login that is not root: pct/qm/pvesh (and a node's own work) through sudo (docs/security.md).
+    become: bool = False
+    become_user: Name = "root"
+    become_password: SecretRef | None = None  # None: sudo must not ask (NOPASSWD)
     vars: Vars = {}
 
 
@@ -201,6 +214,9 @@ class ProxmoxSSHModel(_Model):
     jump_host: JumpHost | None = None
     connect_timeout: Seconds = 10.0
     keepalive: KeepaliveSeconds = 15.0
+    become: bool = False
+    become_user: Name = "root"
+    become_password: SecretRef | None = None
 
 
 class ProxmoxFilterModel(_Model):

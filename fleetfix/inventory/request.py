@@ -27,10 +27,18 @@ class TargetRequest:
     connect_timeout: float = 10.0
     local: bool = False
     refresh: bool = False
+    become: bool = False
+    become_user: str | None = None
+    become_password: str | None = None  # a reference: @env:NAME or @file:PATH
 
     def check(self) -> None:
         """Refuse contradictory options before anything is read: --local names the one target, so -i or
-        --host besides it would be silently ignored."""
+        --host besides it would be silently ignored; --become-user/--become-password need --become."""
+        if not self.become and (self.become_user or self.become_password):
+            raise ConfigError("--become-user and --become-password need --become")
+        if self.become_password is not None and not self.become_password.startswith(("@env:", "@file:")):
+            raise ConfigError("--become-password: expected @env:NAME or @file:PATH (a password on the "
+                              "command line would show in ps and in shell history)")
         if self.local and (self.inventory or self.host):
             clashing = (("-i/--inventory", self.inventory), ("--host", self.host))
             given = " and ".join(flag for flag, value in clashing if value)

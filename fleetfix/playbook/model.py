@@ -45,10 +45,11 @@ class Step(BaseModel):
     check: str | None = None  # script; exit 0 = already in the desired state (must be read-only)
     apply: str | None = None  # script that makes the change
     verify: str | None = None  # script that must exit 0 after apply
-    retries: int = Field(0, ge=0)  # extra apply attempts
-    delay: float = Field(0.0, ge=0)  # seconds between apply attempts
+    # Upper bounds: beyond them time.sleep and the remote watchdog overflow (issue 18, huge numbers).
+    retries: int = Field(0, ge=0, le=1000)  # extra apply attempts
+    delay: float = Field(0.0, ge=0, le=86400)  # seconds between apply attempts
     until: Expression | None = None  # expression over `result` (the apply's); default: result.rc == 0
-    timeout: float | None = Field(None, gt=0)  # seconds, per script run
+    timeout: float | None = Field(None, gt=0, le=7 * 86400)  # seconds, per script run
     # keep this step's result as registered.<name> ("register" in YAML; the attribute name would
     # shadow pydantic's BaseModel.register)
     register_as: str | None = Field(None, alias="register")

@@ -19,10 +19,15 @@ fsync'ed before the call returns, so a crash loses at most the line being writte
 
 Secrets: vars named like *password*, *secret* or *token* are masked in recorded vars, and their values
 (4 characters or more) are replaced by the mask wherever they appear in scripts and output.
+
+Bounded: every string in an event (a script's output, above all) is cut to `max_field` bytes, its first and
+last halves kept around a marker line that says how much was dropped (`transport.base.cap_text`): a step
+printing 100 MB once made a 200 MB events.jsonl that `runs list` then took 8.6 s to read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -34,11 +39,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from fleetfix.errors import ConfigError
+from fleetfix.errors import ConfigError, StoreError
+from fleetfix.paths import private_dir
 from fleetfix.playbook.snapshots import SnapshotOutcome
 from fleetfix.secrets import Redactor
+from fleetfix.transport.base import cap_text
 
 EVENTS_FILE = "events.jsonl"
+DEFAULT_RECORD_FIELD = 256 * 1024  # bytes of one string in an event (`--record-output`)
 _RUN_ID = re.compile(r"^[0-9]{8}T[0-9]{6}Z-[0-9a-f]{6}$")
 
 
@@ -71,17 +79,22 @@ def new_run_id() -> str:
 class RunRecorder:
     """Appends events for one run. Thread-safe: targets run concurrently and share it."""
 
-    def __init__(self, state_dir: str | Path, *, run_id: str | None = None) -> None:
+    def __init__(self, state_dir: str | Path, *, run_id: str | None = None,
+                 max_field: int = DEFAULT_RECORD_FIELD) -> None:
         self._run_id = run_id or new_run_id()
+        self.max_field = max_field
         self.directory = Path(state_dir) / "runs" / self._run_id
         # Records hold command output and rendered scripts: keep them private to the user.
-        self.directory.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(self.directory.parent)
+        os.chmod(self.directory.parent, 0o700)  # runs/ is ours: tightened even if an older run left it open
         self.directory.mkdir(mode=0o700)
+        os.chmod(self.directory, 0o700)
         self.path = self.directory / EVENTS_FILE
         fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_EXCL, 0o600)
         self._file = os.fdopen(fd, "a", encoding="utf-8")
         self._lock = threading.Lock()
         self._redact = Redactor()
+        self.failure: str | None = None  # why events stopped being written
 
     @property
     def run_id(self) -> str:
@@ -91,17 +104,26 @@ class RunRecorder:
         self._redact.add(values)
 
     def event(self, kind: str, /, **fields: Any) -> None:
+        """Append one event. A write that fails (a full disk) is one StoreError, for the target whose
+        event it was; the record is then closed: later events are dropped, and `runs show` reads it as
+        incomplete, with every event before the failure."""
         record = {"time": time.time(), "kind": kind, **fields}
         with self._lock:
-            line = json.dumps(self._redact(record), default=str, ensure_ascii=False)
+            line = json.dumps(_capped(self._redact(record), self.max_field), default=str, ensure_ascii=False)
             if self._file.closed:
                 return
-            self._file.write(line + "\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            try:
+                self._file.write(line + "\n")
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            except OSError as error:
+                self.failure = f"cannot write the run record {self.path}: {error.strerror or error}"
+                with contextlib.suppress(OSError):
+                    self._file.close()
+                raise StoreError(self.failure) from None
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(OSError):
             self._file.close()
 
     def __enter__(self) -> RunRecorder:
@@ -109,6 +131,17 @@ class RunRecorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _capped(value: Any, cap: int) -> Any:
+    """value with every string in it cut to cap bytes (redacted first: a cut never splits a secret)."""
+    if isinstance(value, str):
+        return cap_text(value, cap)
+    if isinstance(value, dict):
+        return {key: _capped(item, cap) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_capped(item, cap) for item in value]
+    return value
 
 
 

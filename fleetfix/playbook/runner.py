@@ -32,7 +32,7 @@ from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedSte
 from fleetfix.playbook.snapshots import GuestFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
 from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
-from fleetfix.transport.base import CommandResult, OutputSink, Stream, Transport, run_script
+from fleetfix.transport.base import CappedOutput, CommandResult, OutputSink, Stream, Transport, run_script
 
 StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
 TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]
@@ -269,7 +269,7 @@ class _StepRunner:
         started = time.monotonic()
         error: str | None = None
         # What arrived so far, kept even when the link drops mid-script: the record says how far it got.
-        partial: dict[Stream, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+        partial: dict[Stream, CappedOutput] = {"stdout": CappedOutput(), "stderr": CappedOutput()}
         try:
             result = run_script(self.transport, script, timeout=self.step.timeout,
                                 on_output=self._sink(partial))
@@ -278,8 +278,8 @@ class _StepRunner:
         except TransportError as exc:
             error = str(exc)
             self.recorder.event("script-end", **where, rc=None,
-                                stdout=partial["stdout"].decode(errors="replace"),
-                                stderr=partial["stderr"].decode(errors="replace"),
+                                stdout=partial["stdout"].getvalue().decode(errors="replace"),
+                                stderr=partial["stderr"].getvalue().decode(errors="replace"),
                                 duration=time.monotonic() - started, timed_out=False, error=error)
             lost = self._result("failed", f"{phase}: {exc}")
             raise _TargetLost(lost, exc) from None
@@ -290,14 +290,14 @@ class _StepRunner:
                             duration=run.duration, timed_out=run.timed_out, error=None)
         return run
 
-    def _sink(self, partial: dict[Stream, bytearray]) -> OutputSink:
+    def _sink(self, partial: dict[Stream, CappedOutput]) -> OutputSink:
         """The transport-level sink for this step's scripts: keeps the output in partial, and passes it to
         on_output with the target and step bound."""
         handler = self.on_output
         target, name = self.plan.target, self.step.name
 
         def sink(stream: Stream, chunk: bytes) -> None:
-            partial[stream] += chunk
+            partial[stream].add(chunk)
             if handler is not None:
                 handler(target, name, stream, chunk)
 
@@ -606,7 +606,7 @@ def run_playbook(
         targets=[_redacted_target(finished[target.name], redact) for target in targets
                  if target.name in finished],
         duration=time.monotonic() - started, run_id=recorder.run_id, aborted=aborted,
-        error=template_errors[0] if template_errors else None)
+        error=_redacted_error(template_errors[0], redact) if template_errors else None)
     recorder.event("run-end", status=run.status, aborted=aborted, duration=run.duration,
                    recap={name: {"status": status, **counts} for name, status, counts in run.recap()})
     return run
@@ -618,6 +618,11 @@ def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:
     return replace(result, reason=redact.text(result.reason), stdout=redact.text(result.stdout),
                    stderr=redact.text(result.stderr),
                    script=None if result.script is None else redact.text(result.script), runs=runs)
+
+
+def _redacted_error(error: TemplateError, redact: Redactor) -> TemplateError:
+    """The error as shown (text, --json): a template error may quote the value it choked on."""
+    return TemplateError(redact.text(error.detail), path=error.path, line=error.line, field=error.field)
 
 
 def _redacted_target(run: TargetRun, redact: Redactor) -> TargetRun:

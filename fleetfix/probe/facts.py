@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
+from fleetfix import boundedjson
 from fleetfix.errors import ProbeOutputError
 
 PROBE_SCHEMA_VERSION = 1
@@ -368,13 +369,15 @@ def parse_facts(stdout: str) -> Facts:
     if not text:
         raise ProbeOutputError("probe printed nothing")
     try:
-        data = json.loads(text)
+        data = boundedjson.loads(text)
     except json.JSONDecodeError as exc:
         if text.startswith("{") and not text.endswith("}"):
             raise ProbeOutputError(f"probe output is truncated after {len(text)} characters") from None
         raise ProbeOutputError(
             f"probe output is not JSON (line {exc.lineno} column {exc.colno}: {exc.msg}): {_preview(text)}"
         ) from None
+    except ValueError as exc:  # over a limit: nesting, integer size
+        raise ProbeOutputError(f"probe output is not acceptable JSON: {exc}") from None
     if not isinstance(data, dict) or "fleetfix_probe" not in data:
         raise ProbeOutputError(f"probe output is JSON but not the probe's document: {_preview(text)}")
     if data["fleetfix_probe"] != PROBE_SCHEMA_VERSION:
@@ -384,6 +387,8 @@ def parse_facts(stdout: str) -> Facts:
         return Facts.model_validate(data)
     except ValidationError as exc:
         raise ProbeOutputError(f"probe JSON has the wrong shape: {_first_error(exc)}") from None
+    except RecursionError:  # nesting the JSON parser took but validation does not
+        raise ProbeOutputError("probe JSON has the wrong shape: nested too deeply") from None
 
 
 def _first_error(exc: ValidationError) -> str:

@@ -27,6 +27,13 @@ from fleetfix.playbook.runner import PlaybookRun
 from fleetfix.probe.run import ProbeRun, TargetReport
 from fleetfix.reports.console import SEVERITY_STYLE, STATUS_STYLE, page, page_text, print_table
 from fleetfix.secrets import mask_vars
+from fleetfix.terminal import safe
+
+
+def _shown(text: str) -> str:
+    """Text from a target, as rich shows it: control sequences escaped visibly (fleetfix.terminal), then
+    rich's markup escaped."""
+    return escape(safe(text))
 
 
 def render_text(run: Any, **options: Any) -> str:
@@ -49,13 +56,13 @@ def _targets(resolution: Resolution, out: Console, **options: Any) -> None:
         ssh = t.node.ssh
         address = f"{ssh.user}@{ssh.address}:{ssh.port}" if ssh else "(local)"
         guest = "-" if t.guest.is_node else f"{t.guest.kind} {t.guest.id}"  # "lxc 200", "vm 300"
-        table.add_row(*(escape(cell) for cell in (
+        table.add_row(*(_shown(cell) for cell in (
             t.name, t.node.name, address, guest, ",".join(sorted(t.tags)),
             ",".join(sorted(t.groups)), _vars_cell(t.vars), t.source,
         )))
     print_table(table, out)
     for label, reason in resolution.skipped:
-        out.print(f"skipped: {escape(label)}: {escape(reason)}")
+        out.print(f"skipped: {_shown(label)}: {_shown(reason)}")
     skipped = f", {len(resolution.skipped)} skipped" if resolution.skipped else ""
     out.print(f"{len(resolution.targets)} target(s){skipped}")
 
@@ -79,17 +86,18 @@ def _exec(run: ExecRun, out: Console, *,
         result = outcome.value
         if result is None:
             message = outcome.error.with_hint() if outcome.error else outcome.status
-            out.print(f"[bold]== {escape(outcome.target.name)}[/] [red]{outcome.status}[/]: "
-                      f"{escape(message)}")
+            out.print(f"[bold]== {_shown(outcome.target.name)}[/] [red]{outcome.status}[/]: "
+                      f"{_shown(message)}")
         else:
             state = "timed out" if result.timed_out else f"exit {result.exit_code}"
             colour = "green" if result.ok else "red"
-            out.print(f"[bold]== {escape(outcome.target.name)}[/] [{colour}]{state}[/]")
+            out.print(f"[bold]== {_shown(outcome.target.name)}[/] [{colour}]{state}[/]")
         if transcripts is not None:
             # As the command wrote it (stderr too: it is one screen), never as markup.
-            out.file.write("".join(line + "\n" for _, line in transcripts.get(outcome.target.name, ())))
-        elif result is not None and result.stdout:  # as the command wrote it: the user pipes this
-            out.file.write(result.stdout if result.stdout.endswith("\n") else result.stdout + "\n")
+            out.file.write("".join(safe(line) + "\n" for _, line in transcripts.get(outcome.target.name, ())))
+        elif result is not None and result.stdout:  # as written when piped; on a terminal, escaped
+            stdout = safe(result.stdout) if out.is_terminal else result.stdout
+            out.file.write(stdout if stdout.endswith("\n") else stdout + "\n")
 
 
 def _fact_lines(report: TargetReport) -> list[tuple[str, str]]:
@@ -125,18 +133,18 @@ def _health(report: TargetReport) -> str:
 def _probe(run: ProbeRun, out: Console, **options: Any) -> None:
     for report in run.reports:
         health = _health(report)
-        out.print(f"[bold]== {escape(report.target.name)}[/] "
+        out.print(f"[bold]== {_shown(report.target.name)}[/] "
                   f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/] ({report.duration:.2f}s)")
         if report.error:
-            out.print(f"   [red]{escape(report.error.with_hint())}[/]")
+            out.print(f"   [red]{_shown(report.error.with_hint())}[/]")
         for key, value in _fact_lines(report):
-            out.print(f"   {key:<12} {escape(value)}")
+            out.print(f"   {key:<12} {_shown(value)}")
         for finding in report.findings:
             severity = str(finding.severity.value)
             out.print(f"   [{SEVERITY_STYLE[severity]}]{severity.upper():<7}[/] "
-                      f"[bold]{finding.code}[/]: {escape(finding.summary)}")
+                      f"[bold]{finding.code}[/]: {_shown(finding.summary)}")
             if finding.fix is not None:
-                out.print(f"            fix: {escape(finding.fix.text())}")
+                out.print(f"            fix: {_shown(finding.fix.text())}")
         out.print()
     if len(run.reports) > 1:
         _probe_summary_table(run, out)
@@ -150,9 +158,9 @@ def _probe_summary_table(run: ProbeRun, out: Console) -> None:
         toolkits = report.facts.cuda.toolkits if report.facts else []
         codes = ", ".join(f.code for f in report.findings) or (str(report.error) if report.error else "-")
         table.add_row(
-            escape(report.target.name), f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/]",
+            _shown(report.target.name), f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/]",
             torch.cuda if torch and torch.cuda else "-",
-            ", ".join(str(tk.version) for tk in toolkits) or "-", escape(codes),
+            ", ".join(str(tk.version) for tk in toolkits) or "-", _shown(codes),
         )
     print_table(table, out)
     counts = ", ".join(f"{n} {k}" for k, n in run.summary().items())
@@ -167,28 +175,28 @@ def _apply(run: PlaybookRun, out: Console, **options: Any) -> None:
             reason = target_run.reason or (failed[0].reason if failed else "")
             if target_run.error is not None and target_run.error.hint:
                 reason = f"{reason} — {target_run.error.hint}"
-            out.print(f"[bold red]{target_run.status}[/] {escape(target_run.target)}: {escape(reason)}")
+            out.print(f"[bold red]{target_run.status}[/] {_shown(target_run.target)}: {_shown(reason)}")
             for step in failed[:1]:
                 for line in (step.stdout + step.stderr).rstrip().splitlines()[-15:]:
-                    out.print(f"    {escape(line)}")
+                    out.print(f"    {_shown(line)}")
         snapshot = target_run.snapshot
         if snapshot is not None:
             if snapshot.rolled_back:
-                out.print(f"[yellow]rolled back[/] {escape(target_run.target)} "
-                          f"to {escape(str(snapshot.name))}")
+                out.print(f"[yellow]rolled back[/] {_shown(target_run.target)} "
+                          f"to {_shown(str(snapshot.name))}")
             elif snapshot.rollback_error is not None:
-                out.print(f"[bold red]rollback failed[/] {escape(target_run.target)}: "
-                          f"{escape(snapshot.rollback_error)} (snapshot {escape(str(snapshot.name))} kept)")
+                out.print(f"[bold red]rollback failed[/] {_shown(target_run.target)}: "
+                          f"{_shown(snapshot.rollback_error)} (snapshot {_shown(str(snapshot.name))} kept)")
             for warning in snapshot.warnings:
-                out.print(f"[yellow]warning[/] {escape(target_run.target)}: {escape(warning)}")
+                out.print(f"[yellow]warning[/] {_shown(target_run.target)}: {_shown(warning)}")
     if run.aborted:
-        out.print(f"[bold red]aborted[/]: {escape(run.aborted)}")
+        out.print(f"[bold red]aborted[/]: {_shown(run.aborted)}")
     if run.error:
-        out.print(f"[bold red]error[/]: {escape(str(run.error))}")
+        out.print(f"[bold red]error[/]: {_shown(str(run.error))}")
     title = "CHECK RECAP" if run.check else "PLAY RECAP"
-    out.print(f"\n[bold]{title}[/] {escape(run.playbook)} ({run.duration:.1f}s, run {run.run_id})")
+    out.print(f"\n[bold]{title}[/] {_shown(run.playbook)} ({run.duration:.1f}s, run {run.run_id})")
     for line in run.recap_lines():
-        out.print(escape(line))
+        out.print(_shown(line))
 
 
 @show.register
@@ -199,7 +207,7 @@ def _runs(run_list: RunList, out: Console, **options: Any) -> None:
     table = Table("RUN", "STARTED", "PLAYBOOK", "MODE", "STATUS", "TARGETS", box=None, pad_edge=False)
     for run in run_list.runs:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started else "-"
-        table.add_row(run.run_id, started, escape(run.playbook), "check" if run.check else "apply",
+        table.add_row(run.run_id, started, _shown(run.playbook), "check" if run.check else "apply",
                       f"[{STATUS_STYLE.get(run.status, '')}]{run.status}[/]", str(len(run.targets)))
     print_table(table, out)
 
@@ -207,38 +215,39 @@ def _runs(run_list: RunList, out: Console, **options: Any) -> None:
 @show.register
 def _run_detail(detail: RunDetail, out: Console, **options: Any) -> None:
     summary = detail.summary
-    out.print(f"[bold]run {summary.run_id}[/] {escape(summary.playbook)} "
+    out.print(f"[bold]run {summary.run_id}[/] {_shown(summary.playbook)} "
               f"{'check' if summary.check else 'apply'}: {summary.status}")
     for record in detail.targets.values():
-        out.print(f"\n[bold]== {escape(record.name)}[/] "
-                  f"[{STATUS_STYLE.get(record.status, '')}]{record.status}[/] {escape(record.reason)}")
+        out.print(f"\n[bold]== {_shown(record.name)}[/] "
+                  f"[{STATUS_STYLE.get(record.status, '')}]{record.status}[/] {_shown(record.reason)}")
         if record.snapshot is not None:  # the way back comes before the steps that made it needed
             if record.snapshot.note():
-                out.print(f"  {escape(record.snapshot.note())}")
+                out.print(f"  {_shown(record.snapshot.note())}")
             if record.snapshot.pruned:
-                out.print(f"  pruned {escape(', '.join(record.snapshot.pruned))}")
+                out.print(f"  pruned {_shown(', '.join(record.snapshot.pruned))}")
             for warning in record.snapshot.warnings:
-                out.print(f"  [yellow]warning[/] {escape(warning)}")
+                out.print(f"  [yellow]warning[/] {_shown(warning)}")
         for step in record.steps:
-            out.print(f"  [{STATUS_STYLE.get(step.status, '')}]{step.status:<12}[/] {escape(step.name)}"
-                      + (f" — {escape(step.reason)}" if step.reason else ""))
+            out.print(f"  [{STATUS_STYLE.get(step.status, '')}]{step.status:<12}[/] {_shown(step.name)}"
+                      + (f" — {_shown(step.reason)}" if step.reason else ""))
             for script in step.scripts:
                 rc = "running/lost" if script.rc is None else f"rc={script.rc}"
                 out.print(f"      {script.phase} #{script.attempt} {rc}")
                 for line in (script.stdout + script.stderr).rstrip().splitlines()[-20:]:
-                    out.print(f"        {escape(line)}")
+                    out.print(f"        {_shown(line)}")
 
 
 # --- audit: plain text (it goes to cron mail and journals as often as to terminals) ---------------------
 
 @show.register
 def _audit(run: AuditRun, out: Console, *, verbose: bool = False, **options: Any) -> None:
-    out.file.write(audit_report.text_report(run, verbose=verbose))
+    out.file.write(safe(audit_report.text_report(run, verbose=verbose)))
 
 
 @show.register
 def _remediated(run: RemediatedAudit, out: Console, **options: Any) -> None:
-    out.file.write(audit_report.text_report(run.audit) + "\n" + audit_report.remediation_report(run.final))
+    out.file.write(safe(audit_report.text_report(run.audit) + "\n"
+                        + audit_report.remediation_report(run.final)))
 
 
 @show.register
@@ -258,4 +267,4 @@ def _history(history: AuditHistory, out: Console, **options: Any) -> None:
 
 @show.register
 def _drift(drift: Drift, out: Console, **options: Any) -> None:
-    out.file.write("\n".join(audit_report.drift_lines(drift)) + "\n")
+    out.file.write(safe("\n".join(audit_report.drift_lines(drift)) + "\n"))

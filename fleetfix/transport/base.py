@@ -23,6 +23,74 @@ Stream = Literal["stdout", "stderr"]
 # CommandResult still carries the whole output.
 OutputSink = Callable[[Stream, bytes], None]
 
+# What one command's stdout (and, apart, its stderr) may hold in memory. A target that prints more (`cat
+# /dev/zero`) keeps running; its first and last halves of the cap are kept and the middle is dropped, so
+# the controller's memory does not grow with it (issue 18: 5.4 GB before). `--max-output` changes it.
+DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
+
+
+def format_size(size: int) -> str:
+    """1536 -> "1.5 KiB": sizes in messages."""
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}".replace(".0 ", " ")
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def dropped_marker(dropped: int, cap: int) -> bytes:
+    """The line put where output was dropped: says the cap and how much is missing."""
+    return (f"\n[fleetfix: {dropped} bytes dropped here: output over the {format_size(cap)} cap]\n").encode()
+
+
+class CappedOutput:
+    """A stream's output, at most `cap` bytes kept: the first half and the last half, the middle dropped
+    (its size counted). The end of a failing command's output says why it failed; its start says what it
+    was doing."""
+
+    def __init__(self, cap: int = DEFAULT_MAX_OUTPUT) -> None:
+        if cap < 2:
+            raise ValueError("an output cap of at least 2 bytes")
+        self.cap = cap
+        self._head_cap = cap // 2
+        self._tail_cap = cap - self._head_cap
+        self._head = bytearray()
+        self._tail = bytearray()
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        if len(self._head) < self._head_cap:
+            room = self._head_cap - len(self._head)
+            self._head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self._tail += chunk
+            if len(self._tail) > 2 * self._tail_cap:  # trimmed in batches: amortised O(1) per byte
+                del self._tail[:len(self._tail) - self._tail_cap]
+
+    @property
+    def dropped(self) -> int:
+        return max(0, self.total - self.cap)
+
+    def getvalue(self) -> bytes:
+        """What was kept; where bytes were dropped, a marker line saying how many and the cap."""
+        tail = bytes(self._tail[-self._tail_cap:])
+        if not self.dropped:
+            return bytes(self._head) + tail
+        return bytes(self._head) + dropped_marker(self.dropped, self.cap) + tail
+
+
+def cap_text(text: str, cap: int) -> str:
+    """text cut to about cap bytes of UTF-8 (first and last half kept, with the marker), for records."""
+    data = text.encode("utf-8", "surrogateescape")
+    if len(data) <= cap:
+        return text
+    capped = CappedOutput(cap)
+    capped.add(data)
+    return capped.getvalue().decode("utf-8", "replace")
+
 
 @dataclass(frozen=True)
 class CommandResult:
@@ -31,6 +99,7 @@ class CommandResult:
     stderr: str
     duration: float
     timed_out: bool = False
+    dropped: int = 0  # bytes of stdout and stderr not kept (over the output cap); a marker line says where
 
     @property
     def ok(self) -> bool:

@@ -24,7 +24,7 @@ from binascii import Error as Base64Error
 from dataclasses import dataclass
 from pathlib import Path
 
-from fleetfix.errors import ChangedHostKeyError, UnknownHostKeyError
+from fleetfix.errors import ChangedHostKeyError, HostKeyError, UnknownHostKeyError
 from fleetfix.transport._paramiko import HostKeys, PKey, SSHException, UnknownKeyType
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -97,6 +97,8 @@ def load_known_hosts(path: Path) -> list[KnownHostEntry]:
         text = path.read_text(errors="replace")
     except FileNotFoundError:
         return []
+    except OSError as error:  # a directory, no permission: our file's problem, not the network's
+        raise HostKeyError(f"cannot read known_hosts {path}: {error.strerror or error}") from None
     return [entry for entry in map(parse_line, text.splitlines()) if entry is not None]
 
 

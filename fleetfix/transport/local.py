@@ -3,8 +3,9 @@
 The command runs in a new session (its own process group), so a timeout kills it and everything it
 started with one `killpg`, as the remote watchdog does over SSH.
 
-With an output sink, stdout and stderr are read by two threads (and stdin written by a third) instead of
-`communicate()`, so each chunk reaches the sink as the command writes it.
+stdout and stderr are read by two threads (and stdin written by a third) instead of `communicate()`, so
+each chunk reaches the sink as the command writes it, and each stream is kept within the output cap
+(`transport.base.CappedOutput`) however much the command prints.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import time
 from collections.abc import Sequence
 from typing import IO
 
-from fleetfix.transport.base import CommandResult, OutputSink, Stream
+from fleetfix.transport.base import DEFAULT_MAX_OUTPUT, CappedOutput, CommandResult, OutputSink, Stream
 
 TIMEOUT_EXIT_CODE = 124
 # After a kill, how long to wait for the pipes to close: children that left the group may hold them.
@@ -27,9 +28,11 @@ _CHUNK = 65536
 
 
 class LocalTransport:
-    def __init__(self, label: str = "local", *, env: dict[str, str] | None = None) -> None:
+    def __init__(self, label: str = "local", *, env: dict[str, str] | None = None,
+                 max_output: int = DEFAULT_MAX_OUTPUT) -> None:
         self.label = label
         self.env = env  # None: inherit this process's environment
+        self.max_output = max_output
 
     def execute(
         self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
@@ -47,21 +50,9 @@ class LocalTransport:
             return CommandResult(127, "", f"{argv[0]}: command not found\n", time.monotonic() - started)
         except PermissionError:
             return CommandResult(126, "", f"{argv[0]}: permission denied\n", time.monotonic() - started)
-        timed_out = False
+        out, err = CappedOutput(self.max_output), CappedOutput(self.max_output)
         try:
-            if on_output is not None:
-                out, err, timed_out = _run_streaming(process, stdin, timeout, on_output)
-            else:
-                out, err = process.communicate(stdin, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(process.pid)
-            # Children that left the group may still hold the pipes: do not wait for them forever.
-            try:
-                out, err = process.communicate(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                out, err = b"", b""
+            timed_out = _run_streaming(process, stdin, timeout, on_output or _ignore, out, err)
         finally:
             if process.poll() is None:  # an exception (e.g. KeyboardInterrupt) interrupted communicate
                 _kill_group(process.pid)
@@ -72,24 +63,32 @@ class LocalTransport:
         if timed_out:
             code = TIMEOUT_EXIT_CODE
         return CommandResult(
-            code, out.decode(errors="replace"), err.decode(errors="replace"),
-            time.monotonic() - started, timed_out=timed_out,
+            code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace"),
+            time.monotonic() - started, timed_out=timed_out, dropped=out.dropped + err.dropped,
         )
 
 
+def _ignore(stream: Stream, chunk: bytes) -> None:
+    return None
+
+
 def _run_streaming(
-    process: subprocess.Popen[bytes], stdin: bytes, timeout: float | None, on_output: OutputSink
-) -> tuple[bytes, bytes, bool]:
-    """communicate() with live output: (stdout, stderr, timed_out). On timeout the group is killed here."""
+    process: subprocess.Popen[bytes], stdin: bytes, timeout: float | None, on_output: OutputSink,
+    out: CappedOutput, err: CappedOutput,
+) -> bool:
+    """communicate() with live output into out and err; returns timed_out. On timeout the group is
+    killed here."""
     assert process.stdin is not None and process.stdout is not None and process.stderr is not None
-    collected: dict[Stream, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    collected: dict[Stream, CappedOutput] = {"stdout": out, "stderr": err}
+    abandoned: list[bool] = []  # non-empty once this function returns
     lock = threading.Lock()  # a reader may still append while an abandoned pipe is snapshotted below
 
     def pump(stream: Stream, pipe: IO[bytes]) -> None:
         # os.read returns what is there as soon as anything is: no waiting for a full buffer.
         while chunk := os.read(pipe.fileno(), _CHUNK):
             with lock:
-                collected[stream] += chunk
+                if not abandoned:
+                    collected[stream].add(chunk)
             on_output(stream, chunk)
 
     threads = [
@@ -112,8 +111,9 @@ def _run_streaming(
         thread.join(None if drain_until is None else max(0.0, drain_until - time.monotonic()))
         if not thread.is_alive():  # a reader still blocked keeps its pipe (closing it under it is unsafe)
             pipe.close()
-    with lock:
-        return bytes(collected["stdout"]), bytes(collected["stderr"]), timed_out
+    with lock:  # a reader abandoned above adds nothing more: the caller reads out and err unlocked
+        abandoned.append(True)
+    return timed_out
 
 
 def _feed(pipe: IO[bytes], data: bytes) -> None:

@@ -30,6 +30,7 @@ from fleetfix.errors import (
     ConnectRefusedError,
     ConnectTimeoutError,
     FleetfixError,
+    KeyPermissionError,
     NameResolutionError,
     TransportError,
 )
@@ -43,7 +44,13 @@ from fleetfix.transport._paramiko import (
     UnknownKeyType,
     paramiko,
 )
-from fleetfix.transport.base import CommandResult, OutputSink, command_line
+from fleetfix.transport.base import (
+    DEFAULT_MAX_OUTPUT,
+    CappedOutput,
+    CommandResult,
+    OutputSink,
+    command_line,
+)
 from fleetfix.transport.hostkeys import KnownHosts, known_hosts_name
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
@@ -86,7 +93,7 @@ class SSHConnection:
     def __init__(
         self, settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
         label: str | None = None, kill_grace: float = KILL_GRACE_SECONDS,
-        sock_factory: Callable[[SSHSettings], Any] | None = None,
+        sock_factory: Callable[[SSHSettings], Any] | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
     ) -> None:
         """sock_factory: returns a connected socket-like object to use instead of dialling the node
         (e.g. a latency-adding proxy in benchmarks); the host key is still checked for address:port."""
@@ -98,6 +105,7 @@ class SSHConnection:
         self.max_channels = max_channels
         self.kill_grace = kill_grace
         self.sock_factory = sock_factory
+        self.max_output = max_output  # per stream per command: see transport.base.CappedOutput
         self._channel_slots = threading.BoundedSemaphore(max_channels)
         self._open_lock = threading.Lock()
         self._transport: paramiko.Transport | None = None
@@ -320,26 +328,28 @@ class SSHConnection:
             channel.exec_command(line)
             writer = _send_stdin(channel, stdin)
             deadline = None if timeout is None else started + timeout
-            out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace, on_output)
+            out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace, on_output,
+                                          self.max_output)
         finally:
             channel.close()
             if writer is not None:
                 writer.join(timeout=5)
         duration = time.monotonic() - started
-        stdout, stderr = out.decode(errors="replace"), err.decode(errors="replace")
+        dropped = out.dropped + err.dropped
+        stdout, stderr = out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace")
         # -1: no exit-status came. sshd sends exit-signal instead when the command died of a signal (the
         # watchdog's SIGKILL, or any other), and paramiko does not parse that message.
         # The watchdog SIGKILLs the whole session, so its kill never comes with an exit status: a status
         # means the command ended on its own, even if it printed something that looks like our marker.
         status = channel.exit_status if channel.status_event.is_set() else -1
         if finished and status != -1:
-            return CommandResult(status, stdout, stderr, duration)
+            return CommandResult(status, stdout, stderr, duration, dropped=dropped)
         if not transport.is_active():
             raise ConnectionLostError(f"{self.endpoint}: connection lost while running {program}")
         watchdog_fired = _has_timeout_marker(stderr)
         if timeout is not None and (not finished or watchdog_fired or duration >= timeout):
-            return CommandResult(TIMEOUT_EXIT_CODE, stdout, stderr, duration, timed_out=True)
-        return CommandResult(-1, stdout, stderr, duration)
+            return CommandResult(TIMEOUT_EXIT_CODE, stdout, stderr, duration, timed_out=True, dropped=dropped)
+        return CommandResult(-1, stdout, stderr, duration, dropped=dropped)
 
 
 # The channel whose stdin this thread is sending, for _QuietTransport._send_message.
@@ -413,40 +423,57 @@ def _send_all_then_eof(channel: paramiko.Channel, data: bytes) -> None:
 
 def _collect(
     channel: paramiko.Channel, wakeup: int, deadline: float | None, grace: float,
-    on_output: OutputSink | None = None,
-) -> tuple[bytes, bytes, bool]:
-    """Read stdout and stderr as they come (each chunk also to on_output) until EOF and exit status;
-    False as the third value when the deadline (plus grace for the remote kill to land) passed first."""
-    out, err = bytearray(), bytearray()
+    on_output: OutputSink | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+) -> tuple[CappedOutput, CappedOutput, bool]:
+    """Read stdout and stderr as they come (each chunk also to on_output) until EOF and exit status, each
+    kept within max_output; False as the third value when the deadline (plus grace for the remote kill to
+    land) passed first."""
+    out, err = CappedOutput(max_output), CappedOutput(max_output)
     poller = select.poll()
     poller.register(wakeup, select.POLLIN)
     give_up = None if deadline is None else deadline + grace
     while True:
         while channel.recv_ready():
             chunk = channel.recv(_CHUNK)
-            out += chunk
+            out.add(chunk)
             if on_output is not None and chunk:
                 on_output("stdout", chunk)
         while channel.recv_stderr_ready():
             chunk = channel.recv_stderr(_CHUNK)
-            err += chunk
+            err.add(chunk)
             if on_output is not None and chunk:
                 on_output("stderr", chunk)
         if channel.closed or (channel.eof_received and channel.status_event.is_set()):
-            return bytes(out), bytes(err), True
+            return out, err, True
         remaining = None if give_up is None else give_up - time.monotonic()
         if remaining is not None and remaining <= 0:
-            return bytes(out), bytes(err), False
+            return out, err, False
         if channel.eof_received:  # output done; only the exit status is still to come
             channel.status_event.wait(remaining)
         else:
             poller.poll(None if remaining is None else max(1, int(remaining * 1000)))
 
 
+def check_key_permissions(path: str, full_path: str) -> None:
+    """Refuse a private key that others may access, as OpenSSH does (authfile.c, sshkey_perm_ok): a key
+    owned by this user with any group or other permission bit (mode & 077) is ignored with its message.
+    A key owned by someone else is not checked, as in OpenSSH."""
+    try:
+        info = os.stat(full_path)
+    except OSError:
+        return  # loading says what is wrong with it
+    if info.st_uid == os.getuid() and info.st_mode & 0o077:
+        raise KeyPermissionError(
+            f"identity file {path}: WARNING: UNPROTECTED PRIVATE KEY FILE! Permissions "
+            f"0{info.st_mode & 0o777:03o} for '{path}' are too open. It is required that your private key "
+            "files are NOT accessible by others. This private key will be ignored.")
+
+
 def load_private_key(path: str) -> paramiko.PKey:
     """An ed25519/ecdsa/rsa private key; its passphrase, if any, from $FLEETFIX_SSH_PASSPHRASE."""
     passphrase = os.environ.get(PASSPHRASE_ENV) or None
     full_path = os.path.expanduser(path)
+    check_key_permissions(path, full_path)
     try:
         # bytes: paramiko 5 hands it to `cryptography`, which rejects str with a TypeError.
         password: Any = passphrase.encode() if passphrase else None  # the stubs say str; bytes works
@@ -529,9 +556,10 @@ class SSHTransport:
         return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
 
 
-def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS) -> SSHConnection:
+def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
+            max_output: int = DEFAULT_MAX_OUTPUT) -> SSHConnection:
     """Open (connect, verify, authenticate) a connection to a node; raises TransportError subclasses."""
-    return SSHConnection(settings, max_channels=max_channels).open()
+    return SSHConnection(settings, max_channels=max_channels, max_output=max_output).open()
 
 
 __all__ = [

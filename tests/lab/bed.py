@@ -83,6 +83,9 @@ def _install_wrapper(sbin_dir: Path, command: str, script: Path, node_dir: Path)
         fast_exec = f'case "${{1:-}}" in exec) shift; exec {python} {lean} "$@" ;; esac\n'
     wrapper.write_text(
         "#!/bin/sh\n"
+        # Like PVE's own tools, root only: a login that is not root needs sudo (issue 18). The wording is
+        # the stand-in's, not PVE's.
+        f'[ "$(id -u)" = 0 ] || {{ echo "{command}: permission denied: root only" >&2; exit 1; }}\n'
         f"export {NODE_DIR_ENV}={shlex.quote(str(node_dir))}\n"
         f"{fast_exec}"
         f'exec {python} {shlex.quote(str(script))} "$@"\n'

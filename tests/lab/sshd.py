@@ -3,6 +3,14 @@
 The private mount namespace lets the node have its own /root (so this machine's ~/.bashrc does not leak
 into SSH sessions) and its own /usr/local/sbin (where the `pct` stand-in lives), while the rest of the
 filesystem is shared with this machine, as container overlays need.
+
+Least privilege (issue 18): where sudo is installed, every node also has a login that is not root,
+`fleetfix` (LOGIN_USER), allowed by sudoers exactly what docs/security.md tells a team to grant: `pct`,
+`qm` and `pvesh` as root, without a password (NODE_SUDOERS). Its passwd, group and shadow entries, the
+sudoers file and the node's /etc/hosts are bind-mounted over this machine's in the node's namespace only, so
+the machine itself gains no user and no sudo rule (container overlays see the machine's own /etc: overlayfs
+does not cross mount points). Its authorized_keys and home live in a world-traversable directory, because
+sshd reads a user's keys as that user.
 """
 
 from __future__ import annotations
@@ -10,14 +18,27 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SSHD = "/usr/sbin/sshd"
+SUDO = "/usr/bin/sudo"
+LOGIN_USER = "fleetfix"
+LOGIN_UID = 4242  # above Debian's system range; refused below if this machine already uses it
+# The lines docs/security.md documents, with the stand-ins' paths (a real node: /usr/sbin/pct, /usr/sbin/qm,
+# /usr/bin/pvesh; `command -v` tells).
+NODE_SUDOERS = (
+    "Defaults env_reset\n"
+    'Defaults secure_path="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"\n'
+    "root ALL=(ALL:ALL) ALL\n"
+    f"{LOGIN_USER} ALL=(root) NOPASSWD: /usr/local/sbin/pct, /usr/local/sbin/qm, /usr/local/sbin/pvesh\n"
+)
 
 
 def free_port(address: str = "127.0.0.1") -> int:
@@ -57,6 +78,7 @@ class SshNode:
     sbin_dir: Path  # bind-mounted over /usr/local/sbin inside the node
     log_path: Path
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    login_dir: Path | None = None  # the non-root login's keys and home; None without sudo
 
     @property
     def known_hosts_line(self) -> str:
@@ -74,7 +96,15 @@ class SshNode:
         """Session channels opened on all connections (one per exec)."""
         return self.log_text().count("server_input_channel_open: ctype session")
 
+    @property
+    def login_user(self) -> str | None:
+        """The non-root login with sudo for pct/qm/pvesh, when this machine has sudo."""
+        return LOGIN_USER if self.login_dir is not None else None
+
     def stop(self) -> None:
+        if self.login_dir is not None:
+            shutil.rmtree(self.login_dir, ignore_errors=True)
+            self.login_dir = None
         if self.process is None:
             return
         # sshd -D is the namespace's child; kill the whole process group (sshd + its session children).
@@ -86,6 +116,34 @@ class SshNode:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=5)
         self.process = None
+
+
+def _login_user_files(state_dir: Path, name: str, authorized_keys: list[str]) -> Path:
+    """The node's own /etc/{passwd,group,shadow,hosts,sudoers} (this machine's plus the login), and the
+    login's keys and home; returns the login's directory (removed by SshNode.stop)."""
+    passwd = Path("/etc/passwd").read_text()
+    if any(line.split(":")[2:3] == [str(LOGIN_UID)] for line in passwd.splitlines()):
+        raise RuntimeError(f"uid {LOGIN_UID} is taken on this machine: the test bed's login needs it")
+    login_dir = Path(tempfile.mkdtemp(prefix="fleetfix-lab-login-"))
+    login_dir.chmod(0o755)  # sshd reads the keys as the login user: every directory above must let it in
+    home, keys = login_dir / "home", login_dir / "keys"
+    home.mkdir()
+    keys.mkdir(mode=0o755)
+    (keys / LOGIN_USER).write_text("".join(f"{key}\n" for key in authorized_keys))
+    for path, mode in ((home, 0o700), (keys / LOGIN_USER, 0o600)):
+        os.chown(path, LOGIN_UID, LOGIN_UID)
+        path.chmod(mode)
+    etc = state_dir / "etc"
+    (etc / "sudoers.d").mkdir(parents=True, exist_ok=True)
+    (etc / "passwd").write_text(passwd + f"{LOGIN_USER}:x:{LOGIN_UID}:{LOGIN_UID}::{home}:/bin/sh\n")
+    (etc / "group").write_text(Path("/etc/group").read_text() + f"{LOGIN_USER}:x:{LOGIN_UID}:\n")
+    # "*": no password, yet not locked ("!"), which sshd would refuse even for a key.
+    (etc / "shadow").write_text(Path("/etc/shadow").read_text() + f"{LOGIN_USER}:*:19000:0:99999:7:::\n")
+    (etc / "hosts").write_text(Path("/etc/hosts").read_text() + f"127.0.1.1 {name}\n")  # sudo looks it up
+    (etc / "sudoers").write_text(NODE_SUDOERS)
+    for file, mode in (("shadow", 0o640), ("sudoers", 0o440)):
+        (etc / file).chmod(mode)
+    return login_dir
 
 
 def start_node(
@@ -112,6 +170,8 @@ def start_node(
     port = port or free_port(address)
     log_path = state_dir / "sshd.log"
     set_env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    login_dir = _login_user_files(state_dir, name, authorized_keys) if os.access(SUDO, os.X_OK) else None
+    keys_files = str(auth_keys) + (f" {login_dir}/keys/%u" if login_dir else "")
     config = state_dir / "sshd_config"
     config.write_text(
         "\n".join(
@@ -119,7 +179,7 @@ def start_node(
                 f"ListenAddress {address}:{port}",
                 f"HostKey {host_key}",
                 f"PidFile {state_dir / 'sshd.pid'}",
-                f"AuthorizedKeysFile {auth_keys}",
+                f"AuthorizedKeysFile {keys_files}",
                 "PermitRootLogin prohibit-password",
                 "PasswordAuthentication no",
                 "KbdInteractiveAuthentication no",
@@ -134,10 +194,15 @@ def start_node(
     )
     # Private mount and UTS namespaces: the node's own hostname (PVE's node name is the short hostname),
     # /root and /usr/local/sbin, then sshd in the foreground.
+    etc = "".join(f"mount --bind {shlex.quote(str(state_dir / 'etc' / f))} /etc/{f} && "
+                  for f in ("passwd", "group", "shadow", "hosts", "sudoers")) if login_dir else ""
+    sudoers_d = (f"mount --bind {shlex.quote(str(state_dir / 'etc' / 'sudoers.d'))} /etc/sudoers.d && "
+                 if login_dir and Path("/etc/sudoers.d").is_dir() else "")
     inner = (
         f"echo {shlex.quote(name)} > /proc/sys/kernel/hostname && "
         f"mount --bind {shlex.quote(str(home))} /root && "
         f"mount --bind {shlex.quote(str(sbin))} /usr/local/sbin && "
+        f"{etc}{sudoers_d}"
         f"exec {SSHD} -D -E {shlex.quote(str(log_path))} -f {shlex.quote(str(config))}"
     )
     with open(log_path, "ab") as log:
@@ -145,7 +210,7 @@ def start_node(
             ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", inner],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
         )
-    node = SshNode(name, address, port, state_dir, host_key_line, sbin, log_path, process)
+    node = SshNode(name, address, port, state_dir, host_key_line, sbin, log_path, process, login_dir)
     try:
         wait_for_port(address, port)
     except OSError:

@@ -16,11 +16,11 @@ words plus a node name that passed the inventory's safe-name check, quoted once 
 from __future__ import annotations
 
 import ipaddress
-import json
 import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from fleetfix import boundedjson
 from fleetfix.errors import DiscoveryError, FleetfixError
 from fleetfix.guests import pve_types
 from fleetfix.inventory.discovery.model import Listing, ProxmoxSource, listing_from_records, merge_listings
@@ -180,7 +180,7 @@ def fetch_ssh_listing(source: ProxmoxSource, *, fleet: Any = None) -> Listing:
     runner = Fleet(forks=1, channels_per_node=1) if fleet is None else fleet
     where = f"{source.label}: pvesh on {access.node.name}"
     try:
-        transport = runner.node_transport(Target(access.node.name, access.node))
+        transport = runner.privileged_transport(Target(access.node.name, access.node))  # pvesh: root
         return merge_listings(*(
             _pvesh_listing(where, transport.execute(pvesh_argv(access.pve_node, pve_type),
                                                     timeout=access.timeout), access.timeout, access.pve_node,
@@ -204,7 +204,7 @@ def _pvesh_listing(where: str, result: Any, timeout: float, pve_node: str, kind:
         hint = " (is this a Proxmox VE node?)" if result.exit_code == 127 else ""
         raise DiscoveryError(f"{where}: exit {result.exit_code}{hint}: {_one_line(last[0])[:200]}")
     try:
-        records = json.loads(result.stdout)
+        records = boundedjson.loads(result.stdout)
     except ValueError:
         raise DiscoveryError(f"{where}: pvesh printed something that is not JSON") from None
     return listing_from_records(records, node=pve_node, kind=kind)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fleetfix import boundedjson
 from fleetfix.errors import DiscoveryError
 from fleetfix.inventory.discovery.model import (
     CACHE_VERSION,
@@ -31,7 +32,7 @@ def cache_path(state_dir: Path, source: ProxmoxSource) -> Path:
 def read_cache(path: Path, source: ProxmoxSource, *, now: float) -> Listing | None:
     """The cached listing if it is for this endpoint and younger than the TTL; anything odd is a miss."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = boundedjson.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:

@@ -148,6 +148,8 @@ def test_a_second_audit_of_the_same_history_exits_instead_of_interleaving(
     from fleetfix.audit.lock import exclusive_audit
 
     db = tmp_path / "audit.db"
+    with AuditStore(db):  # an existing history (reading never creates one)
+        pass
     audit = ("audit", "--db", str(db), "--host", "127.0.0.1", "--port", str(closed_port),
              "--connect-timeout", "2")
     with exclusive_audit(db):  # the running audit (a lock is per open file: this process counts)

@@ -14,7 +14,6 @@ from audit_testkit import FakeWorld, edited, interrupt_dpkg, load_fixture, make_
 from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, RunInfo, StoredRun, TargetResult, run_audit
 from fleetfix.audit.dashboard import (
     build_dashboard,
-    clean,
     fix_commands,
     grid_rows,
     natural_key,
@@ -25,6 +24,7 @@ from fleetfix.audit.dashboard import (
 from fleetfix.audit.drift import compute_drift
 from fleetfix.audit.model import History, TrendPoint
 from fleetfix.probe import Finding, Fix, Severity
+from fleetfix.terminal import has_control, safe, safe_line
 
 TOOLKIT_FIX = Fix(playbook="playbooks/cuda-toolkit.yaml", vars={"cuda_version": "12.8"},
                   hint="install cuda-nvcc-12-8")
@@ -148,11 +148,12 @@ def test_control_characters_never_reach_a_command_offered_to_copy() -> None:
     assert evil.command is not None and "\n" in evil.command and not evil.copyable
 
 
-def test_clean_shows_control_bidi_and_line_separators_as_escapes() -> None:
-    assert clean("pve1/200") == "pve1/200" and clean("Zürich ✓ 東京") == "Zürich ✓ 東京"
-    assert clean("a\x1b[31mb\rc") == "a\\x1b[31mb\\x0dc"
-    assert clean("x\u202ey\u2028z\u200b") == "x\\u202ey\\u2028z\\u200b"
-    assert clean("a\nb\tc") == "a\\x0ab\\x09c" and clean("a\nb", keep_newlines=True) == "a\nb"
+def test_the_sanitiser_shows_control_bidi_and_line_separators_as_escapes() -> None:
+    assert safe_line("pve1/200") == "pve1/200" and safe_line("Zürich ✓ 東京") == "Zürich ✓ 東京"
+    assert safe_line("a\x1b[31mb\rc") == "a\\x1b[31mb\\rc"
+    assert safe_line("x\u202ey\u2028z\u200b") == "x\\u202ey\\u2028z\\u200b"
+    assert safe_line("a\nb") == "a\\nb" and safe("a\nb\tc") == "a\nb\tc"
+    assert has_control("a\nb") and not has_control("pve1/200")
 
 
 # ---------------------------------------------------------------- versions

@@ -85,3 +85,22 @@ def test_findings_match_on_identity_not_on_their_changing_numbers() -> None:
     assert [c.finding.evidence["extension"] for c in drift.new_findings] == ["flash_attn"]
     assert [c.finding.evidence["extension"] for c in drift.resolved_findings] == ["fla"]
     assert compute_drift(new, new).empty
+
+
+def test_a_narrower_audit_is_not_the_baseline_of_the_targets_it_left_out(tmp_path: Path) -> None:
+    """Issue 18: an audit with --limit became the drift baseline for the whole fleet, so a regression on a
+    target outside it disappeared from the next report. Each target is compared with its own last result,
+    and the scope of each run (inventory, host, limit) is recorded and decides what vanished."""
+    world = FakeWorld({200: "healthy", 201: "healthy"})
+    targets = [make_target("pve1", 200), make_target("pve1", 201)]
+    full, narrow = {"inventory": "inv.yaml", "limit": None}, {"inventory": "inv.yaml", "limit": "pve1/200"}
+    with AuditStore(tmp_path / "a.db") as store, world.fleet() as fleet:
+        run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store, args=full)
+        world.cts[201] = edited("healthy", interrupt_dpkg)
+        limited = run_audit(fleet, targets[:1], policy=DEFAULT_POLICY, store=store, args=narrow)
+        after = run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store, args=full)
+        assert store.load(limited.info.id).info.args["limit"] == "pve1/200"  # the scope is recorded
+    assert limited.drift.vanished == []  # it did not look at 201: nothing vanished
+    new = [(c.target, c.finding.code) for c in after.drift.new_findings]
+    assert new == [("pve1/201", "DPKG_INTERRUPTED")]
+    assert after.drift.appeared == []

@@ -85,6 +85,7 @@ def test_missing_and_garbage_identity_files(tmp_path: Path) -> None:
         load_private_key(str(tmp_path / "nope"))
     garbage = tmp_path / "garbage"
     garbage.write_text("not a key\n")
+    garbage.chmod(0o600)  # else refused for its permissions first, as OpenSSH does
     with pytest.raises(AuthenticationError, match="cannot load identity file"):
         load_private_key(str(garbage))
 
