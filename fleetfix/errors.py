@@ -21,6 +21,7 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     │   ├── CommandTimeoutError         a command ran past its timeout (channel closed)
     │   └── DiscoveryError              a Proxmox source could not be listed (API/TLS/token/pvesh)
     ├── CommandFailedError (1)          result.check() on a non-zero exit
+    ├── TransferError (1)               a file push/pull failed: checksum mismatch, too big, missing, refused
     ├── ProbeOutputError (4)            a target's probe printed something that is not the probe's JSON
     ├── UnexpectedError (1)             a bug surfaced while working on one target (kept per target)
     └── Interrupted (130)               the target was never started: Ctrl-C came first
@@ -156,6 +157,14 @@ class DiscoveryError(TransportError):
 
 
 class CommandFailedError(FleetfixError):
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILED
+
+
+class TransferError(FleetfixError):
+    """A file could not be pushed or pulled as asked (missing, too big, checksum mismatch, refused by the
+    node or the guest). The destination is left as it was; temp files are removed. A lost link during a
+    transfer is a ConnectionLostError instead."""
+
     exit_code: ClassVar[ExitCode] = ExitCode.FAILED
 
 
