@@ -197,6 +197,7 @@ class TorchInfo(_Model):
     cuda: str | None = None        # "12.8"; None for CPU-only builds
     hip: str | None = None
     path: str | None = None
+    cxx11_abi: bool | None = None  # _GLIBCXX_USE_CXX11_ABI torch was built with; None: unknown
 
 
 class Extension(_Model):
@@ -223,6 +224,8 @@ class PythonEnv(_Model):
     version: str | None = None
     prefix: str | None = None
     virtualenv: bool = False
+    python_tag: str | None = None  # "cp311": the wheel tag of this interpreter
+    libc: str | None = None  # "glibc 2.36"
     torch: TorchInfo | None = None
     extensions: dict[str, Extension] = Field(default_factory=dict)
     pip_nvcc: list[Nvcc] = Field(default_factory=list)
@@ -237,6 +240,9 @@ class TorchRef(_Model):
     cuda: str | None
     interpreter: str
     path: str | None = None
+    cxx11_abi: bool | None = None
+    python_tag: str | None = None
+    libc: str | None = None
 
 
 class DriverLib(_Model):
@@ -292,7 +298,8 @@ class Facts(_Model):
         if env is None or env.torch is None:
             return None
         return TorchRef(version=env.torch.version, cuda=env.torch.cuda, interpreter=env.interpreter,
-                        path=env.torch.path)
+                        path=env.torch.path, cxx11_abi=env.torch.cxx11_abi, python_tag=env.python_tag,
+                        libc=env.libc)
 
     @property
     def torch_envs(self) -> list[PythonEnv]:

@@ -391,3 +391,25 @@ def test_node_without_driver(fakeroot: Path, fakebin: FakeBin) -> None:
 def test_node_output_must_be_ours() -> None:
     with pytest.raises(ProbeOutputError, match="header"):
         parse_node_facts("Welcome to Proxmox!\nhostname\tpve1\n")
+
+
+@pytest.mark.parametrize(("init", "abi"), [
+    # torch >= 2.7 hard-codes it; older torch asks its compiled module, which the probe never imports.
+    ('def compiled_with_cxx11_abi() -> builtins.bool:\n    r"""doc"""\n    return True\n', True),
+    ("def compiled_with_cxx11_abi():\n    return False\n", False),
+    ("def compiled_with_cxx11_abi():\n    return _C._GLIBCXX_USE_CXX11_ABI\n", None),
+    ("x = 1\n", None),
+])
+def test_wheel_cache_key_facts_without_importing_torch(fakeroot: Path, fakebin: FakeBin, tmp_path: Path,
+                                                       init: str, abi: bool | None) -> None:
+    site = tmp_path / "site"
+    write(site, "torch/__init__.py", "raise SystemExit('torch must not be imported')\n" + init)
+    write(site, "torch/version.py", TORCH_VERSION_PY)
+    fakebin.link("python3", sys.executable)
+    facts = probe(fakeroot, fakebin, ("python3",), env={"PYTHONPATH": str(site)})
+    env = facts.pythons[0]
+    assert env.torch is not None and env.torch.cxx11_abi is abi
+    assert env.python_tag == "cp%d%d" % sys.version_info[:2]
+    assert env.libc is not None and env.libc.startswith("glibc ")
+    assert facts.torch is not None
+    assert (facts.torch.cxx11_abi, facts.torch.python_tag, facts.torch.libc) == (abi, env.python_tag, env.libc)
