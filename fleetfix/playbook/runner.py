@@ -342,7 +342,7 @@ class _StepRunner:
             checked = self._execute("check", rendered.check)
             if checked.rc == 0 and not checked.timed_out:
                 return self._result("ok", _last_line(checked.stdout) or "check passed", checked)
-            if rendered.apply is None:
+            if rendered.apply is None and rendered.wheels is None:
                 if check_mode and would_change_before:
                     return self._result("would-change", "not met before the changes above: "
                                         + _why(checked), checked)
