@@ -136,7 +136,8 @@ def test_built_once_per_key_installed_everywhere(
     # 4. A corrupted entry (its wheel no longer matches the manifest's sha256) is refused and rebuilt.
     entry = next(e for e in run_cli("wheels", "list", "--wheel-cache", str(cache), "--json").json()
                  if e["key"]["arch_list"] == "9.0")
-    (wheel,) = [path for path in cache.glob(f"*/{entry['wheel']}") if entry["key_digest"][:16] in str(path)]
+    (wheel,) = [path for path in cache.glob(f"*/{entry['wheel']}")
+                if path.parent.name.endswith(entry["key_digest"][:16])]
     corrupted = bytearray(wheel.read_bytes())
     corrupted[len(corrupted) // 2] ^= 0xFF
     wheel.write_bytes(bytes(corrupted))
