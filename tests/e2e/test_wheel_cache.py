@@ -127,9 +127,9 @@ def test_built_once_per_key_installed_everywhere(
     rebuilt_events = wheel_events(state, rebuilt)
     assert [e["action"] for e in rebuilt_events] == ["built"] * 3
     seconds = sorted(round(e["build_seconds"]) for e in rebuilt_events)
-    report("3 containers, 1 key, --rebuild (no cache use)", f"{rebuilt_s:.0f} s, 3 builds ({seconds} s each), "
-                                                            f"{sum(e['size'] for e in rebuilt_events)} "
-                                                            "wheel bytes pulled")
+    pulled = sum(e["size"] for e in rebuilt_events)
+    report("3 containers, 1 key, --rebuild (no cache use)",
+           f"{rebuilt_s:.0f} s, 3 builds ({seconds} s each), {pulled} wheel bytes pulled")
     for ct in cts[:3]:
         assert import_tiny(ct, real_torch) == "13000"
 
