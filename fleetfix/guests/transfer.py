@@ -27,7 +27,6 @@ import re
 import secrets
 import stat
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -187,6 +186,3 @@ def receive_local(destination: str | Path, mode: int, expected: GuestFile, recei
         raise
     return got
 
-
-def elapsed(started: float) -> float:
-    return time.monotonic() - started

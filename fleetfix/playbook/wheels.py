@@ -159,6 +159,8 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
             entry = found.entry
             remote = f"{work}/{entry.wheel}"
             pushed = guest().push(entry.path, remote, mode=0o600, max_bytes=max(entry.size, 1))
+            if pushed.sha256 != entry.sha256:  # changed on the controller since the lookup re-hashed it
+                raise _ItemFailed(f"{entry.directory.name} changed while it was pushed; not installed")
             _install_and_verify(item, execute, work, remote, what="the cached wheel")
             event("wheel", **record, action="installed-from-cache", entry=entry.directory.name,
                   sha256=pushed.sha256, size=pushed.size, built_on=entry.built_on)
