@@ -25,6 +25,7 @@ first carry the next thing to try (`hint`): the CLI prints `message — hint`, n
     ├── StoreError (1)                  the audit database: locked, disk full, corrupt
     ├── CommandFailedError (1)          result.check() on a non-zero exit
     ├── AuditBusyError (1)              another audit holds the history's lock
+    ├── TransferError (1)               a file push/pull failed: checksum mismatch, too big, missing, refused
     ├── ProbeOutputError (4)            a target's probe printed something that is not the probe's JSON
     ├── UnexpectedError (1)             a bug surfaced while working on one target (kept per target)
     └── Interrupted (130)               the target was never started: Ctrl-C came first
@@ -189,6 +190,14 @@ class AuditBusyError(FleetfixError):
     def __init__(self, message: str, *, path: str) -> None:
         self.path = path
         super().__init__(f"{path}: {message}")
+
+
+class TransferError(FleetfixError):
+    """A file could not be pushed or pulled as asked (missing, too big, checksum mismatch, refused by the
+    node or the guest). The destination is left as it was; temp files are removed. A lost link during a
+    transfer is a ConnectionLostError instead."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.FAILED
 
 
 class ProbeOutputError(FleetfixError):

@@ -28,13 +28,27 @@ from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import Any, BinaryIO, Generic, Literal, Protocol, TypeVar
 
-from fleetfix.errors import BecomeError, FleetfixError, GuestError, Interrupted, UnexpectedError
+from fleetfix.errors import (
+    BecomeError,
+    FleetfixError,
+    GuestError,
+    Interrupted,
+    TransferError,
+    UnexpectedError,
+)
 from fleetfix.guests import Guest, open_guest
 from fleetfix.secrets import resolve_reference
 from fleetfix.target import SSHSettings, Target
-from fleetfix.transport.base import DEFAULT_MAX_OUTPUT, CommandResult, OutputSink, Transport
+from fleetfix.transport.base import (
+    DEFAULT_MAX_OUTPUT,
+    CommandResult,
+    FileTransport,
+    OutputSink,
+    Transferred,
+    Transport,
+)
 from fleetfix.transport.local import LocalTransport
 
 R = TypeVar("R")
@@ -286,6 +300,21 @@ class _NodeTransport:
         on_output: OutputSink | None = None,
     ) -> CommandResult:
         return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
+
+    # Files go to the connection when it can carry them (SSH: SFTP); guests stage their transfers here.
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        return self._files().upload(source, path, mode=mode, max_bytes=max_bytes)
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        return self._files().download(path, sink, max_bytes=max_bytes)
+
+    def remove(self, path: str) -> None:
+        self._files().remove(path)
+
+    def _files(self) -> FileTransport:
+        if not isinstance(self.connection, FileTransport):
+            raise TransferError(f"{self.label}: this node connection cannot transfer files")
+        return self.connection
 
 
 def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Transport, started: float

@@ -16,6 +16,7 @@ from fleetfix.cli.inventory import inventory_group
 from fleetfix.cli.probe import probe_command
 from fleetfix.cli.runs import runs_group
 from fleetfix.cli.schedule import schedule_group
+from fleetfix.cli.wheels import wheels_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -39,3 +40,4 @@ main.add_command(inventory_group)
 main.add_command(probe_command)
 main.add_command(runs_group)
 main.add_command(schedule_group)
+main.add_command(wheels_group)

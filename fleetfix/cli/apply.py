@@ -55,6 +55,7 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
             on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
             on_output=None if live is None else live.on_output,
             snapshots=rollout.snapshot_policy(), guest_for=fleet.guest, redactor=redactor,
+            wheels=rollout.wheel_options(),
         )
     if live is not None:
         live.flush()

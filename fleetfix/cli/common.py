@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from fleetfix.fleet import Fleet
     from fleetfix.inventory.resolve import Resolution
     from fleetfix.playbook.snapshots import SnapshotPolicy
+    from fleetfix.playbook.wheels import WheelOptions
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -179,6 +180,9 @@ class RolloutOptions:
     keep_snapshots: int | None = None
     allow_no_snapshot: bool = False
     record_output: int | None = None  # None: DEFAULT_RECORD_OUTPUT
+    wheel_cache: str | None = None
+    wheelhouses: tuple[str, ...] = ()
+    rebuild: bool = False
 
     def given(self) -> list[str]:
         """The options set on the command line, by their option names (for error messages)."""
@@ -215,6 +219,14 @@ class RolloutOptions:
             allow_no_snapshot=self.allow_no_snapshot,
         )
 
+    def wheel_options(self) -> WheelOptions:
+        """The wheel cache of `wheels` steps (docs/extensions.md): --wheel-cache, else <state dir>/wheels."""
+        from fleetfix.playbook.wheels import WheelOptions
+        from fleetfix.wheelcache import WheelCache, default_cache_dir
+
+        root = self.wheel_cache or default_cache_dir(self.records_dir())
+        return WheelOptions(WheelCache(root, wheelhouses=self.wheelhouses), rebuild=self.rebuild)
+
     def records_dir(self) -> str | Path:
         from fleetfix.paths import default_state_dir
 
@@ -240,6 +252,7 @@ _ROLLOUT_FLAGS = {
     "state_dir": "--state-dir", "snapshot": "--snapshot", "rollback_on_failure": "--rollback-on-failure",
     "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
     "record_output": "--record-output",
+    "wheel_cache": "--wheel-cache", "wheelhouses": "--wheelhouse", "rebuild": "--rebuild",
 }
 
 
@@ -278,6 +291,16 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                      help=text("Output kept per script and stream in the run record (e.g. 256k); the "
                                "middle of more is dropped, and a marker line says how much.  "
                                "[default: 256k]")),
+        click.option("--wheel-cache", type=click.Path(file_okay=False), default=None, metavar="DIR",
+                     help=text("The wheel cache of `wheels` steps (default: <state dir>/wheels); see "
+                               "docs/extensions.md.")),
+        click.option("--wheelhouse", "wheelhouses", multiple=True, metavar="DIR",
+                     type=click.Path(file_okay=False, exists=True),
+                     help=text("A read-only wheel directory in the cache's layout (e.g. from CI), looked up "
+                               "after the cache (repeatable).")),
+        click.option("--rebuild", is_flag=True,
+                     help=text("`wheels` steps build on every target that lacks the item, ignoring the "
+                               "wheel cache and wheelhouses, and replace the cached entries.")),
     ]
 
 

@@ -28,9 +28,10 @@ if TYPE_CHECKING:
 # (tests/unit/audit/test_audit_schedule.py checks that no click.Path option of the audit is left out.)
 INPUT_FILES = {"inventory": "inventory", "policy_path": "policy", "remediate_path": "playbook",
                "identity": "SSH key", "var_files": "var file"}
+INPUT_DIRS = {"wheelhouses": "wheelhouse"}
 OUTPUT_FILES = {"db": "history database", "report_html": "HTML report", "report_junit": "JUnit report",
                 "report_prometheus": "Prometheus textfile", "known_hosts": "known_hosts file"}
-OUTPUT_DIRS = {"state_dir": "state directory"}
+OUTPUT_DIRS = {"state_dir": "state directory", "wheel_cache": "wheel cache"}
 
 
 @click.group("schedule")
@@ -61,11 +62,14 @@ def path_problem(kind: str, path: str) -> str | None:
     where = Path(path)
     if kind == "input":
         return None if where.is_file() else ("not a file" if where.exists() else "no such file")
+    if kind == "input-dir":
+        return None if where.is_dir() else ("not a folder" if where.exists() else "no such folder")
     return None if where.exists() or where.parent.is_dir() else f"no such folder {where.parent}"
 
 
 def _kind(name: str) -> tuple[str, str] | None:
-    for kind, names in (("input", INPUT_FILES), ("output", OUTPUT_FILES), ("output-dir", OUTPUT_DIRS)):
+    for kind, names in (("input", INPUT_FILES), ("input-dir", INPUT_DIRS), ("output", OUTPUT_FILES),
+                        ("output-dir", OUTPUT_DIRS)):
         if name in names:
             return kind, names[name]
     return None

@@ -1,10 +1,11 @@
 """The guest seam: what fleetfix does with a target, whatever kind of guest it is.
 
 A `Guest` is one target's driver, built over its node's transport (the node's SSH connection, shared by
-every guest of that node). It runs commands inside the guest (`transport()`), tells whether the guest runs
-(`status()`), and takes, lists, deletes and rolls back snapshots. The fleet runner, the probe, the playbook
-runner and the snapshot guard only ever talk to this interface: a new guest kind is one module implementing
-it plus one line in `fleetfix.guests.GUEST_KINDS`.
+every guest of that node). It runs commands inside the guest (`transport()`), tells whether the guest
+runs (`status()`), takes, lists, deletes and rolls back snapshots, and moves files in and out (`push()`,
+`pull()`: streamed, size-bounded, sha256-verified on both ends, see `guests.transfer`). The fleet runner,
+the probe, the playbook runner and the snapshot guard only ever talk to this interface: a new guest kind is
+one module implementing it plus one line in `fleetfix.guests.GUEST_KINDS`.
 
 Snapshot commands return the node's `CommandResult` as is: a failure (storage without snapshot support, a
 name taken) is data for the caller's recap, not an exception; only transport failures raise.
@@ -12,8 +13,10 @@ name taken) is data for the caller's recap, not an exception; only transport fai
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal, Protocol
 
+from fleetfix.guests.transfer import DEFAULT_MAX_BYTES, TransferResult
 from fleetfix.target import Target
 from fleetfix.transport.base import CommandResult, Transport
 
@@ -52,6 +55,19 @@ class Guest(Protocol):
 
     def rollback(self, name: str, *, start: bool) -> CommandResult:
         """Back to the snapshot; start=True starts the guest afterwards (a rollback stops it)."""
+        ...
+
+    def push(self, local_path: str | Path, remote_path: str, *, mode: int = 0o644,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> TransferResult:
+        """Put a local file at remote_path (absolute, in the guest; its directory must exist), replacing
+        it atomically, only after the guest's sha256 of what arrived matched what was sent. Raises
+        TransferError (nothing changed at remote_path), GuestError, or TransportError."""
+        ...
+
+    def pull(self, remote_path: str, local_path: str | Path, *, mode: int = 0o600,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> TransferResult:
+        """Copy a guest file to local_path (its directory must exist), atomically, only after the local
+        sha256 of what arrived matched the guest's. Raises TransferError, GuestError or TransportError."""
         ...
 
 

@@ -15,17 +15,52 @@ CT id to be misread, which a real command does not do. Any line, not just the fi
 shell may print warnings (locale, motd scripts) before pct runs, and lxc-attach logs more than one line.
 The exit code value is not required to be 255: real pct dies with 255, lxc-attach fails with 1, and
 stand-ins differ.
+
+Files: `pct push CTID FILE DEST [--perms P]` / `pct pull CTID PATH DEST [--perms P]` move a file between the
+node and the CT (pve-container `src/PVE/CLI/pct.pm`, read at 94f5585, 2026-06-16): both need a running CT
+("can only push files to a running CT" / "can only pull files from a running VM"), take the CT's config
+lock, and do the copy in a forked worker that setns()s into the CT's mount namespace (and, on push to an
+unprivileged CT, its user namespace, as the CT's root). Three things in that code shape what `push()` /
+`pull()` here do:
+- the worker's errors ("failed to open ...", "failed to create file: ...") are printed to stderr, but
+  `pct` still exits 0 (pve-common's RESTEnvironment::fork_worker returns the task id in scalar context and
+  CLIHandler::run_cli_handler exits 0), and File::Copy's `copy` result is not checked (a short write on a
+  full disk passes silently): so success is judged only by the sha256 of what arrived, never by the exit
+  status;
+- `create_file` opens the destination with O_TRUNC and writes in place, and pull creates the destination
+  *before* it opens the source: so both go to temp names (a failed pull leaves an empty staging file, which
+  the `finally` removes) and the real destination changes only by rename;
+- `--perms` is octal by default; without it a new file gets 0666 & ~umask, readable by anyone on the node
+  while it is staged: so every copy here passes `--perms 0600`.
+The file is first staged on the node with SFTP (`guests.transfer`), in NODE_STAGING_DIR under a random
+name, created exclusively with mode 0600, and removed on every exit path.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import ClassVar
 
-from fleetfix.errors import GuestError
+from fleetfix.errors import FleetfixError, GuestError, TransferError
 from fleetfix.guests.base import ProxmoxGuest
+from fleetfix.guests.transfer import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_TRANSFER_TIMEOUT,
+    NODE_STAGING_DIR,
+    TransferResult,
+    check_guest_path,
+    finish_in_guest,
+    guest_digest,
+    node_files,
+    open_local,
+    receive_local,
+    unique_suffix,
+)
 from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
@@ -107,6 +142,13 @@ class PctTransport:
         return result
 
 
+# pct push / pull refusing a stopped CT (a die before the worker; pull's message has no newline, so Perl
+# appends " at .../pct.pm line N.").
+_NOT_RUNNING = re.compile(r"can only (push files to a running CT|pull files from a running VM)")
+# argv: CTID STAGED DEST [pct options]. The staged file is removed whatever pct did.
+_PUSH_AND_CLEAN = 'pct push "$@"; rc=$?; rm -f -- "$2"; exit "$rc"'
+
+
 class LxcGuest(ProxmoxGuest):
     kind: ClassVar[str] = "lxc"
     tool: ClassVar[str] = "pct"
@@ -115,3 +157,69 @@ class LxcGuest(ProxmoxGuest):
 
     def transport(self) -> Transport:
         return PctTransport(self.node, self.id, node_name=self.target.node.name, label=self.target.name)
+
+    def _refused(self, result: CommandResult) -> None:
+        if _NOT_RUNNING.search(result.stderr):
+            raise GuestError(f"CT {self.id} on {self.target.node.name} is stopped")
+        error = container_error(result, self.id, self.target.node.name)
+        if error is not None:
+            raise error
+
+    def push(self, local_path: str | Path, remote_path: str, *, mode: int = 0o644,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> TransferResult:
+        dest = check_guest_path(remote_path)
+        files = node_files(self.node)
+        token = unique_suffix()
+        staged, ct_tmp = f"{NODE_STAGING_DIR}/fleetfix-push-{token}", f"{dest}.fleetfix-{token}.tmp"
+        started = time.monotonic()
+        with open_local(local_path, max_bytes) as source:
+            sent = files.upload(source, staged, mode=0o600, max_bytes=max_bytes)  # removes itself on failure
+        try:
+            pushed = self.node.execute(
+                ("/bin/sh", "-c", _PUSH_AND_CLEAN, "sh", str(self.id), staged, ct_tmp, "--perms", "0600"),
+                timeout=self.timeout)
+        except FleetfixError:
+            with contextlib.suppress(FleetfixError):
+                files.remove(staged)
+            raise
+        self._refused(pushed)
+        failure = finish_in_guest(self.transport(), ct_tmp, dest, sent.sha256, mode,
+                                  timeout=DEFAULT_TRANSFER_TIMEOUT)
+        if failure is not None:
+            said = _last_line(pushed.stderr)
+            raise TransferError(f"{self.target.name}: push {local_path} -> {dest}: {failure}"
+                                + (f" (pct push: {said})" if said else ""))
+        return TransferResult(str(local_path), dest, sent.size, sent.sha256, time.monotonic() - started)
+
+    def pull(self, remote_path: str, local_path: str | Path, *, mode: int = 0o600,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> TransferResult:
+        source = check_guest_path(remote_path)
+        files = node_files(self.node)
+        what = f"{self.target.name}: pull {source} -> {local_path}"
+        started = time.monotonic()
+        found = guest_digest(self.transport(), source)
+        if found is None:
+            raise TransferError(f"{what}: no such file")
+        if found.size > max_bytes:
+            raise TransferError(f"{what}: {found.size} bytes, over the limit of {max_bytes}")
+        staged = f"{NODE_STAGING_DIR}/fleetfix-pull-{unique_suffix()}"
+        try:
+            pulled = self.node.execute(("pct", "pull", str(self.id), source, staged, "--perms", "0600"),
+                                       timeout=self.timeout)
+            self._refused(pulled)
+            said = _last_line(pulled.stderr)
+            try:
+                got = receive_local(local_path, mode, found,
+                                    lambda sink: files.download(staged, sink, max_bytes=max_bytes), what=what)
+            except TransferError as error:
+                raise TransferError(f"{error}" + (f" (pct pull: {said})" if said else "")) from None
+        finally:
+            # Also after a failed pull: pct creates the destination before it opens the source.
+            with contextlib.suppress(FleetfixError):
+                files.remove(staged)
+        return TransferResult(source, str(local_path), got.size, got.sha256, time.monotonic() - started)
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""

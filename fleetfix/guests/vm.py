@@ -30,15 +30,30 @@ cannot stream), and cut output is an error, never quietly short facts.
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
 import re
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from pathlib import Path
+from typing import Any, BinaryIO, ClassVar
 
-from fleetfix.errors import GuestError, TransportError
+from fleetfix.errors import FleetfixError, GuestError, TransferError, TransportError
 from fleetfix.guests.base import ProxmoxGuest
-from fleetfix.transport.base import CommandResult, OutputSink, Transport, replay_output
+from fleetfix.guests.transfer import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_TRANSFER_TIMEOUT,
+    TransferResult,
+    check_guest_path,
+    finish_in_guest,
+    guest_digest,
+    open_local,
+    receive_local,
+    unique_suffix,
+)
+from fleetfix.transport.base import CommandResult, OutputSink, Transferred, Transport, replay_output
 from fleetfix.transport.remote import TIMEOUT_MARKER, watchdog_seconds, with_watchdog
 
 # qm.pm `exec`: "'input-data' (STDIN) is limited to 1 MiB" (more than 1024 * 1024 bytes dies).
@@ -222,3 +237,78 @@ class VmGuest(ProxmoxGuest):
     def transport(self) -> Transport:
         return QmGuestExecTransport(self.node, self.id, node_name=self.target.node.name,
                                     label=self.target.name)
+
+    # Files go through the agent too: `qm guest` has no file-write/file-read on the CLI (only the API,
+    # 60 KiB per write), so a push is the file in pieces of at most QM_STDIN_LIMIT on stdin, appended to a
+    # temp file; a pull is the file read back in pieces, base64 so the bytes survive the agent's JSON, each
+    # piece's encoding well under the output caps. Both end with transfer.py's checksums.
+
+    def push(self, local_path: str | Path, remote_path: str, *, mode: int = 0o644,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> TransferResult:
+        dest = check_guest_path(remote_path)
+        tmp = f"{dest}.fleetfix-{unique_suffix()}.tmp"
+        inside, started, digest, size = self.transport(), time.monotonic(), hashlib.sha256(), 0
+        try:
+            with open_local(local_path, max_bytes) as source:
+                first = True
+                while (piece := source.read(QM_STDIN_LIMIT)) or first:  # an empty file is created too
+                    written = inside.execute(("/bin/sh", "-c", _CREATE if first else _APPEND, "sh", tmp),
+                                             stdin=piece, timeout=DEFAULT_TRANSFER_TIMEOUT)
+                    if not written.ok:
+                        raise TransferError(f"{self.target.name}: push {local_path} -> {dest}: writing {tmp} "
+                                            f"failed: {_last(written)}")
+                    digest.update(piece)
+                    size += len(piece)
+                    first = False
+        except BaseException:
+            with contextlib.suppress(FleetfixError):
+                inside.execute(("rm", "-f", "--", tmp), timeout=DEFAULT_TRANSFER_TIMEOUT)
+            raise
+        failure = finish_in_guest(inside, tmp, dest, digest.hexdigest(), mode)
+        if failure is not None:
+            raise TransferError(f"{self.target.name}: push {local_path} -> {dest}: {failure}")
+        return TransferResult(str(local_path), dest, size, digest.hexdigest(), time.monotonic() - started)
+
+    def pull(self, remote_path: str, local_path: str | Path, *, mode: int = 0o600,
+             max_bytes: int = DEFAULT_MAX_BYTES) -> TransferResult:
+        source = check_guest_path(remote_path)
+        what = f"{self.target.name}: pull {source} -> {local_path}"
+        inside, started = self.transport(), time.monotonic()
+        found = guest_digest(inside, source)
+        if found is None:
+            raise TransferError(f"{what}: no such file")
+        if found.size > max_bytes:
+            raise TransferError(f"{what}: {found.size} bytes, over the limit of {max_bytes}")
+
+        def receive(sink: BinaryIO) -> Transferred:
+            digest, size = hashlib.sha256(), 0
+            for index in range((found.size + _PULL_PIECE - 1) // _PULL_PIECE):
+                read = inside.execute(("/bin/sh", "-c", _READ_PIECE, "sh", source, str(_PULL_PIECE),
+                                       str(index)), timeout=DEFAULT_TRANSFER_TIMEOUT)
+                if not read.ok:
+                    raise TransferError(f"{what}: reading piece {index} failed: {_last(read)}")
+                try:
+                    piece = base64.b64decode(read.stdout, validate=False)
+                except ValueError:
+                    raise TransferError(f"{what}: piece {index} did not come back as base64") from None
+                digest.update(piece)
+                size += len(piece)
+                sink.write(piece)
+            return Transferred(size, digest.hexdigest())
+
+        got = receive_local(local_path, mode, found, receive, what=what)
+        return TransferResult(source, str(local_path), got.size, got.sha256, time.monotonic() - started)
+
+
+# argv: TMP. The first piece creates the temp file privately; the others append.
+_CREATE = 'umask 077 && cat > "$1"'
+_APPEND = 'cat >> "$1"'
+# argv: FILE PIECE_BYTES INDEX. One piece of the file, base64: 4 MiB come back as ~5.5 MiB of qm's JSON,
+# under the agent's 16 MiB cap and the controller's default --max-output of 8 MiB per stream.
+_PULL_PIECE = 4 * 1024 * 1024
+_READ_PIECE = 'dd if="$1" bs="$2" skip="$3" count=1 status=none | base64'
+
+
+def _last(result: CommandResult) -> str:
+    lines = (result.stderr or result.stdout).strip().splitlines()
+    return lines[-1] if lines else ("timed out" if result.timed_out else f"exit {result.exit_code}")

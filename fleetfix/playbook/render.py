@@ -25,6 +25,7 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from fleetfix.playbook.model import Playbook, Step
 
 SCRIPT_FIELDS = ("check", "apply", "verify")
+WHEEL_SCRIPTS = ("describe", "build", "install", "verify")
 EXPRESSION_FIELDS = ("when", "until", "changed_when")
 _RESULT_FIELDS = ("until", "changed_when")  # the only fields that see `result`
 
@@ -126,6 +128,7 @@ SCRIPT_ENV = _environment(script=True)
 TEXT_ENV = _environment(script=False)
 
 # Errors a template can raise while rendering that are the author's (or the data's) fault, not ours.
+_KEY_FIELD = re.compile(r"^[a-z][a-z0-9_]*$")
 _RENDER_ERRORS = (jinja2.TemplateError, TypeError, ValueError, AttributeError, KeyError, IndexError,
                   ZeroDivisionError)
 
@@ -268,16 +271,48 @@ def _registered_refs(ast: nodes.Template) -> tuple[bool, set[str]]:
 # --- compiled playbooks ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
+class RenderedTransfer:
+    """A copy/fetch step for one target: paths rendered, the mode parsed."""
+
+    kind: str  # "copy" | "fetch"
+    src: str
+    dest: str
+    mode: int | None
+    max_bytes: int | None
+
+
+@dataclass(frozen=True)
+class RenderedItem:
+    """One item of a wheels step: its key fields (without name/version) and its four scripts."""
+
+    item: Any
+    key: dict[str, str]
+    describe: str
+    build: str
+    install: str
+    verify: str
+
+
+@dataclass(frozen=True)
 class RenderedStep:
     """A step's scripts, ready to send: env exports first, then the author's script."""
 
     check: str | None
     apply: str | None
     verify: str | None
+    transfer: RenderedTransfer | None = None
+    wheels: list[RenderedItem] | None = None
 
     def script(self, phase: str) -> str | None:
         value: str | None = getattr(self, phase)
         return value
+
+
+@dataclass
+class CompiledWheels:
+    items: Any  # jinja2 TemplateExpression
+    key: dict[str, jinja2.Template]
+    scripts: dict[str, jinja2.Template]  # WHEEL_SCRIPTS
 
 
 @dataclass
@@ -288,6 +323,8 @@ class CompiledStep:
     env: dict[str, jinja2.Template]
     expressions: dict[str, Any]  # field -> jinja2 TemplateExpression
     uses_registered: bool  # renders at run time, just before it runs
+    transfer: dict[str, jinja2.Template] | None = None  # src, dest of a copy/fetch step
+    wheels: CompiledWheels | None = None
 
 
 class CompiledPlaybook:
@@ -332,14 +369,17 @@ class CompiledPlaybook:
             source = getattr(step, field)
             if source is None:
                 continue
-            for line, expression, where in _quoting_problems(source):
-                raise self.playbook.error_at(
-                    (*at, field),
-                    f"step {step.name!r}: {{{{ {expression} }}}} (template line {line}) is inside "
-                    f"{where}; values are shell-quoted automatically, so write it outside any quotes, "
-                    f"or use `| raw` and quote it yourself")
-            ast, scripts[field] = self._parse(SCRIPT_ENV, source, (*at, field))
-            asts.append(((*at, field), ast))
+            scripts[field] = self._compile_script(step, source, (*at, field), asts)
+        transfer: dict[str, jinja2.Template] | None = None
+        if step.transfer is not None:
+            kind, spec = step.transfer
+            transfer = {}
+            for field in ("src", "dest"):
+                ast, transfer[field] = self._parse(TEXT_ENV, getattr(spec, field), (*at, kind, field))
+                asts.append(((*at, kind, field), ast))
+        wheels: CompiledWheels | None = None
+        if step.wheels is not None:
+            wheels = self._compile_wheels(step, at, asts)
         env: dict[str, jinja2.Template] = {}
         for name, value in step.env.items():
             ast, env[name] = self._parse(TEXT_ENV, str(value), (*at, "env", name))
@@ -365,7 +405,41 @@ class CompiledPlaybook:
             if "result" in meta.find_undeclared_variables(ast) and loc[-1] not in _RESULT_FIELDS:
                 raise self.playbook.error_at(
                     loc, f"step {step.name!r}: `result` exists only in until and changed_when")
-        return CompiledStep(index, step, scripts, env, expressions, uses_registered)
+        return CompiledStep(index, step, scripts, env, expressions, uses_registered, transfer, wheels)
+
+    def _compile_script(self, step: Step, source: str, loc: tuple[str | int, ...],
+                        asts: list[tuple[tuple[str | int, ...], nodes.Template]]) -> jinja2.Template:
+        for line, expression, where in _quoting_problems(source):
+            raise self.playbook.error_at(
+                loc,
+                f"step {step.name!r}: {{{{ {expression} }}}} (template line {line}) is inside "
+                f"{where}; values are shell-quoted automatically, so write it outside any quotes, "
+                f"or use `| raw` and quote it yourself")
+        ast, template = self._parse(SCRIPT_ENV, source, loc)
+        asts.append((loc, ast))
+        return template
+
+    def _compile_wheels(self, step: Step, at: tuple[str | int, ...],
+                        asts: list[tuple[tuple[str | int, ...], nodes.Template]]) -> CompiledWheels:
+        spec = step.wheels
+        assert spec is not None
+        here = (*at, "wheels")
+        try:
+            asts.append(((*here, "items"), TEXT_ENV.parse("{{ " + spec.items + " }}")))
+            items = TEXT_ENV.compile_expression(spec.items, undefined_to_none=False)
+        except jinja2.TemplateSyntaxError as exc:
+            raise self.playbook.error_at((*here, "items"),
+                                         f"expression syntax error: {exc.message}") from None
+        key: dict[str, jinja2.Template] = {}
+        for name, value in spec.key.items():
+            if name in ("name", "version") or not _KEY_FIELD.match(name):
+                raise self.playbook.error_at((*here, "key", name), "a key field is an identifier other "
+                                             "than name and version (those come from describe)")
+            ast, key[name] = self._parse(TEXT_ENV, value, (*here, "key", name))
+            asts.append(((*here, "key", name), ast))
+        scripts = {field: self._compile_script(step, getattr(spec, field), (*here, field), asts)
+                   for field in WHEEL_SCRIPTS}
+        return CompiledWheels(items, key, scripts)
 
     # per target
 
@@ -438,7 +512,65 @@ class CompiledPlaybook:
                 rendered[field] = "".join(exports) + script.render(scope)
             except _RENDER_ERRORS as exc:
                 raise self._step_error(compiled, field, exc) from None
-        return RenderedStep(**rendered)
+        transfer = self._render_transfer(compiled, scope)
+        wheels = self._render_wheels(compiled, scope, "".join(exports))
+        return RenderedStep(rendered["check"], rendered["apply"], rendered["verify"], transfer, wheels)
+
+    def _render_transfer(self, compiled: CompiledStep, scope: Mapping[str, Any]) -> RenderedTransfer | None:
+        if compiled.transfer is None or compiled.step.transfer is None:
+            return None
+        kind, spec = compiled.step.transfer
+        paths: dict[str, str] = {}
+        for field, template in compiled.transfer.items():
+            try:
+                paths[field] = template.render(scope)
+            except _RENDER_ERRORS as exc:
+                raise self._step_error(compiled, f"{kind}.{field}", exc) from None
+            if not paths[field].strip():
+                raise self._step_error(compiled, f"{kind}.{field}", ValueError(f"{field} rendered empty"))
+        controller = "src" if kind == "copy" else "dest"
+        guest = "dest" if kind == "copy" else "src"
+        if not paths[guest].startswith("/"):
+            raise self._step_error(compiled, f"{kind}.{guest}",
+                                   ValueError(f"{paths[guest]!r}: a target path must be absolute"))
+        local = Path(paths[controller]).expanduser()
+        if not local.is_absolute():  # relative to the playbook's file, like `requires`
+            base = Path(self.playbook.path).parent if self.playbook.path != "<playbook>" else Path.cwd()
+            local = base / local
+        paths[controller] = str(local)
+        mode = int(spec.mode, 8) if spec.mode is not None else None
+        return RenderedTransfer(kind, paths["src"], paths["dest"], mode, spec.max_size)
+
+    def _render_wheels(self, compiled: CompiledStep, scope: Mapping[str, Any], exports: str
+                       ) -> list[RenderedItem] | None:
+        wheels = compiled.wheels
+        if wheels is None:
+            return None
+        try:
+            items = wheels.items(**scope)
+        except _RENDER_ERRORS as exc:
+            raise self._step_error(compiled, "wheels.items", exc) from None
+        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
+            raise self._step_error(compiled, "wheels.items",
+                                   TypeError(f"items is a list, not {type(items).__name__}"))
+        rendered: list[RenderedItem] = []
+        for item in items:
+            item_scope = {**scope, "item": scoped(item, "item")}
+            key: dict[str, str] = {}
+            for name, template in wheels.key.items():
+                try:
+                    key[name] = template.render(item_scope).strip()
+                except _RENDER_ERRORS as exc:
+                    raise self._step_error(compiled, f"wheels.key.{name}", exc) from None
+            scripts: dict[str, str] = {}
+            for field, template in wheels.scripts.items():
+                try:
+                    scripts[field] = exports + template.render(item_scope)
+                except _RENDER_ERRORS as exc:
+                    raise self._step_error(compiled, f"wheels.{field}", exc) from None
+            rendered.append(RenderedItem(item, key, scripts["describe"], scripts["build"], scripts["install"],
+                                         scripts["verify"]))
+        return rendered
 
     def _step_error(self, compiled: CompiledStep, field: str, exc: BaseException) -> TemplateError:
         loc: tuple[str | int, ...] = ("steps", compiled.index, *field.split("."))
@@ -472,5 +604,5 @@ def render_script(source: str, scope: Mapping[str, Any]) -> str:
         raise TemplateError(_message(exc)) from None
 
 
-__all__: Sequence[str] = ["CompiledPlaybook", "Raw", "RenderedStep", "compile_playbook", "render_script",
-                          "scoped", "shell_quote"]
+__all__: Sequence[str] = ["CompiledPlaybook", "Raw", "RenderedItem", "RenderedStep", "RenderedTransfer",
+                          "compile_playbook", "render_script", "scoped", "shell_quote"]

@@ -25,18 +25,36 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
-from fleetfix.errors import CommandTimeoutError, ExitCode, FleetfixError, TemplateError, TransportError
+from fleetfix.errors import (
+    CommandTimeoutError,
+    ExitCode,
+    FleetfixError,
+    TemplateError,
+    TransferError,
+    TransportError,
+)
+from fleetfix.guests.base import Guest
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
-from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
+from fleetfix.playbook.render import (
+    CompiledPlaybook,
+    CompiledStep,
+    RenderedStep,
+    RenderedTransfer,
+    compile_playbook,
+    scoped,
+)
 from fleetfix.playbook.snapshots import GuestFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
+from fleetfix.playbook.transfers import run_transfer
+from fleetfix.playbook.wheels import WheelOptions, label, run_wheels
 from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
 from fleetfix.transport.base import CappedOutput, CommandResult, OutputSink, Stream, Transport, run_script
 
 StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
 TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]
-Phase = Literal["check", "apply", "verify"]
+# check/apply/verify: a step's own scripts; describe/build/install: a wheels step's per-item scripts.
+Phase = Literal["check", "apply", "verify", "describe", "build", "install"]
 
 R = TypeVar("R")
 R_co = TypeVar("R_co", covariant=True)
@@ -237,14 +255,17 @@ class _StepRunner:
 
     def __init__(self, plan: TargetPlan, play: PlannedPlay, planned: PlannedStep, transport: Transport,
                  recorder: Recorder, registered: Mapping[str, Any], sleep: Callable[[float], None],
-                 on_output: StepOutputHandler | None = None, guard: SnapshotGuard | None = None) -> None:
+                 on_output: StepOutputHandler | None = None, guard: SnapshotGuard | None = None,
+                 guest: Callable[[], Guest] | None = None, wheels: WheelOptions | None = None) -> None:
         self.plan, self.play, self.planned = plan, play, planned
         self.step = planned.compiled.step
         self.transport, self.recorder, self.registered, self.sleep = transport, recorder, registered, sleep
         self.on_output = on_output
         self.guard = guard
+        self.guest, self.wheels = guest, wheels or WheelOptions()
         self.runs: list[ScriptRun] = []
         self.started = time.monotonic()
+        self.extra: dict[str, Any] = {}  # what a transfer/wheels step adds to its registered value
 
     def _scope(self, result: ScriptRun | None = None) -> dict[str, Any]:
         scope = self.play.compiled.scope(facts=self.plan.facts, vars=self.play.vars,
@@ -315,25 +336,95 @@ class _StepRunner:
                 rendered = compiled.render(self.planned.compiled, scope)
             except TemplateError as exc:
                 return self._result("failed", str(exc))
+        if rendered.transfer is not None:
+            return self._transfer(rendered.transfer, check_mode, would_change_before)
         if rendered.check is not None:
             checked = self._execute("check", rendered.check)
             if checked.rc == 0 and not checked.timed_out:
                 return self._result("ok", _last_line(checked.stdout) or "check passed", checked)
-            if rendered.apply is None:
+            if rendered.apply is None and rendered.wheels is None:
                 if check_mode and would_change_before:
                     return self._result("would-change", "not met before the changes above: "
                                         + _why(checked), checked)
                 return self._result("failed", "assertion failed: " + _why(checked), checked)
             if check_mode:
                 return self._result("would-change", "check: " + _why(checked), checked)
+        elif check_mode and rendered.wheels is not None:
+            return self._wheels_check(rendered)
         elif check_mode:
             return self._result("would-change", "no check: apply always runs")
-        assert rendered.apply is not None
         if self.guard is not None:  # the first change on this target: snapshot it first
             refusal = self.guard.before_change()
             if refusal is not None:
                 return self._result("failed", refusal, self.runs[-1] if self.runs else None)
+        if rendered.wheels is not None:
+            return self._wheels(rendered)
         return self._apply(rendered)
+
+    def _guest(self) -> Guest:
+        if self.guest is None:
+            raise TransferError(f"step {self.step.name!r}: no guest driver to move files with")
+        return self.guest()
+
+    def _before_change(self) -> str | None:
+        return self.guard.before_change() if self.guard is not None else None
+
+    def _transfer(self, spec: RenderedTransfer, check_mode: bool, would_change_before: bool) -> StepResult:
+        """A copy/fetch step (playbook/transfers.py), recorded as a `transfer` event."""
+        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
+                 "step": self.step.name}
+        started = time.monotonic()
+        try:
+            outcome = run_transfer(spec, self.transport, self._guest, check_mode=check_mode,
+                                   before_change=self._before_change)
+        except TransferError as exc:
+            self.recorder.event("transfer", **where, op=spec.kind, src=spec.src, dest=spec.dest,
+                                status="failed", error=str(exc), duration=time.monotonic() - started)
+            return self._result("failed", str(exc))
+        except TransportError as exc:
+            self.recorder.event("transfer", **where, op=spec.kind, src=spec.src, dest=spec.dest,
+                                status="unreachable", error=str(exc), duration=time.monotonic() - started)
+            raise _TargetLost(self._result("failed", f"{spec.kind}: {exc}"), exc) from None
+        self.recorder.event("transfer", **where, **outcome.detail, status=outcome.status,
+                            reason=outcome.reason, duration=time.monotonic() - started)
+        self.extra = dict(outcome.detail)
+        if outcome.status == "failed" and check_mode and would_change_before:
+            # e.g. fetching what an earlier step would create: like an assertion, it may well pass then
+            return self._result("would-change", "not possible before the changes above: " + outcome.reason)
+        return self._result(outcome.status, outcome.reason)
+
+    def _wheels_check(self, rendered: RenderedStep) -> StepResult:
+        """Check mode of a wheels step without a check: each item's verify (read-only), nothing else (not
+        describe: resolving a source tree's metadata writes into it)."""
+        assert rendered.wheels is not None
+        missing = [label(item.item) for item in rendered.wheels
+                   if (run := self._execute("verify", item.verify)).rc != 0 or run.timed_out]
+        if not missing:
+            return self._result("ok", "every item verifies")
+        return self._result("would-change",
+                            "would install from the wheel cache or build: " + ", ".join(missing))
+
+    def _wheels(self, rendered: RenderedStep) -> StepResult:
+        """A wheels step (playbook/wheels.py): per item, from the cache or built once per key."""
+        assert rendered.wheels is not None
+        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
+                 "step": self.step.name}
+
+        def event(kind: str, /, **fields: Any) -> None:
+            self.recorder.event(kind, **where, **fields)
+
+        try:
+            outcome = run_wheels(rendered.wheels, execute=self._execute,
+                                 transport=self.transport, guest=self._guest, options=self.wheels,
+                                 target=self.plan.target.name, event=event)
+        except TransferError as exc:
+            return self._result("failed", str(exc), self.runs[-1] if self.runs else None)
+        last = self.runs[-1] if self.runs else None
+        if outcome.status == "failed":
+            return self._result("failed", outcome.reason, last)
+        result = self._result("changed" if outcome.status == "changed" else "ok", outcome.reason, last)
+        result.stdout = "\n".join(outcome.lines) + "\n"
+        return result
 
     def _apply(self, rendered: RenderedStep) -> StepResult:
         assert rendered.apply is not None
@@ -372,10 +463,10 @@ class _StepRunner:
         return self._result("changed", _last_line(applied.stdout) or "applied", applied)
 
 
-def _registered_value(result: StepResult) -> dict[str, Any]:
-    return {"rc": result.rc, "stdout": result.stdout, "stderr": result.stderr, "status": result.status,
-            "changed": result.status == "changed", "skipped": result.status == "skipped",
-            "failed": result.status == "failed"}
+def _registered_value(result: StepResult, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    return {**(extra or {}), "rc": result.rc, "stdout": result.stdout, "stderr": result.stderr,
+            "status": result.status, "changed": result.status == "changed",
+            "skipped": result.status == "skipped", "failed": result.status == "failed"}
 
 
 def _target_status(steps: Sequence[StepResult]) -> TargetStatus:
@@ -391,18 +482,21 @@ def run_target(
     plan: TargetPlan, transport: Transport, *, check: bool, recorder: Recorder | None = None,
     on_step: Callable[[Target, StepResult], None] | None = None,
     sleep: Callable[[float], None] = time.sleep, on_output: StepOutputHandler | None = None,
-    guard: SnapshotGuard | None = None,
+    guard: SnapshotGuard | None = None, guest: Callable[[], Guest] | None = None,
+    wheels: WheelOptions | None = None,
 ) -> TargetRun:
     """Run a planned target's steps in order. Never raises for a target's own failures. With a guard,
     the target is snapshotted before its first change and, if its policy says so, rolled back when the
-    target fails (not when it is unreachable: the node connection is most likely gone too)."""
+    target fails (not when it is unreachable: the node connection is most likely gone too). guest gives
+    the target's guest driver (copy/fetch/wheels steps move files with it); wheels: the wheel cache."""
     recorder = recorder or NullRecorder()
     started = time.monotonic()
     results: list[StepResult] = []
     status: TargetStatus | None = None
     reason = ""
     try:
-        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results, on_output, guard)
+        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results, on_output, guard,
+                            guest, wheels)
     except _TargetLost as lost:
         _record_step(recorder, plan.target, lost.result, on_step)
         results.append(lost.result)
@@ -434,7 +528,8 @@ def _run_plays(
     plan: TargetPlan, transport: Transport, check: bool, recorder: Recorder,
     on_step: Callable[[Target, StepResult], None] | None, sleep: Callable[[float], None],
     results: list[StepResult], on_output: StepOutputHandler | None = None,
-    guard: SnapshotGuard | None = None,
+    guard: SnapshotGuard | None = None, guest: Callable[[], Guest] | None = None,
+    wheels: WheelOptions | None = None,
 ) -> str:
     """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
     would_change = False
@@ -442,13 +537,13 @@ def _run_plays(
         registered: dict[str, Any] = {}
         for planned in play.steps:
             runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep, on_output,
-                                 guard)
+                                 guard, guest, wheels)
             result = runner.run(check_mode=check, would_change_before=would_change)
             _record_step(recorder, plan.target, result, on_step)
             results.append(result)
             would_change = would_change or result.status == "would-change"
             if planned.compiled.step.register_as:
-                registered[planned.compiled.step.register_as] = _registered_value(result)
+                registered[planned.compiled.step.register_as] = _registered_value(result, runner.extra)
             if result.status == "failed" and not result.ignored:
                 return f"step {result.name!r}: {result.reason}"
     return ""
@@ -521,6 +616,7 @@ def run_playbook(
     snapshots: SnapshotPolicy | None = None,
     guest_for: GuestFor | None = None,
     redactor: Redactor | None = None,
+    wheels: WheelOptions | None = None,
 ) -> PlaybookRun:
     """Plan every target, then run them (in batches of `serial`); stop starting new batches once more
     than `max_fail_pct` percent of all targets have failed or were unreachable. on_output sees every
@@ -599,7 +695,8 @@ def run_playbook(
             [target for target in targets if target.name in plans], len(targets), plans, finished,
             fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
             max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output,
-            guard_for=_guard_factory(policy, guest_for, recorder, playbook.name))
+            guard_for=_guard_factory(policy, guest_for, recorder, playbook.name), guest_for=guest_for,
+            wheels=wheels)
 
     run = PlaybookRun(
         playbook=playbook.name, check=check,
@@ -650,13 +747,17 @@ def _run_batches(
     on_step: Callable[[Target, StepResult], None] | None,
     on_output: StepOutputHandler | None = None,
     guard_for: GuardFor | None = None,
+    guest_for: GuestFor | None = None,
+    wheels: WheelOptions | None = None,
 ) -> str | None:
     size = serial if serial and serial > 0 else max(len(runnable), 1)
     batches = [runnable[start:start + size] for start in range(0, len(runnable), size)]
 
     def run_one(target: Target, transport: Transport) -> TargetRun:
+        guest = (lambda: guest_for(target)) if guest_for is not None else None
         return run_target(plans[target.name], transport, check=check, recorder=recorder, on_step=on_step,
-                          on_output=on_output, guard=guard_for(target) if guard_for else None)
+                          on_output=on_output, guard=guard_for(target) if guard_for else None,
+                          guest=guest, wheels=wheels)
 
     for number, batch in enumerate(batches):
         for outcome in fleet_map(batch, run_one):

@@ -234,6 +234,7 @@ class TorchInfo(_Model):
     hip: str | None = None
     path: str | None = None
     arch_list: list[str] | None = None   # what torch.cuda.get_arch_list() returns, read from the wheel
+    cxx11_abi: bool | None = None  # _GLIBCXX_USE_CXX11_ABI torch was built with; None: unknown
 
 
 class Extension(_Model):
@@ -260,6 +261,8 @@ class PythonEnv(_Model):
     version: str | None = None
     prefix: str | None = None
     virtualenv: bool = False
+    python_tag: str | None = None  # "cp311": the wheel tag of this interpreter
+    libc: str | None = None  # "glibc 2.36"
     torch: TorchInfo | None = None
     extensions: dict[str, Extension] = Field(default_factory=dict)
     pip_nvcc: list[Nvcc] = Field(default_factory=list)
@@ -286,6 +289,9 @@ class TorchRef(_Model):
     cuda: str | None
     interpreter: str
     path: str | None = None
+    cxx11_abi: bool | None = None
+    python_tag: str | None = None
+    libc: str | None = None
 
 
 class DriverLib(_Model):
@@ -344,7 +350,8 @@ class Facts(_Model):
         if env is None or env.torch is None:
             return None
         return TorchRef(version=env.torch.version, cuda=env.torch.cuda, interpreter=env.interpreter,
-                        path=env.torch.path)
+                        path=env.torch.path, cxx11_abi=env.torch.cxx11_abi, python_tag=env.python_tag,
+                        libc=env.libc)
 
     @property
     def torch_envs(self) -> list[PythonEnv]:

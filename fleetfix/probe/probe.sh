@@ -661,7 +661,40 @@ def read_torch_version(spec):
             values[name] = literal(value)
     as_str = lambda v: v if isinstance(v, str) else None
     return {"version": as_str(values.get("__version__")), "cuda": as_str(values.get("cuda")),
-            "hip": as_str(values.get("hip")), "path": locations[0]}
+            "hip": as_str(values.get("hip")), "path": locations[0],
+            "cxx11_abi": read_cxx11_abi(locations[0])}
+
+
+def read_cxx11_abi(torch_dir):
+    # The C++ ABI torch was built with, without importing it: torch >= 2.7 hard-codes the answer in
+    # compiled_with_cxx11_abi() ("return True"); older ones ask _C, so the probe cannot say (None).
+    try:
+        with open(os.path.join(torch_dir, "__init__.py"), encoding="utf-8") as handle:
+            text = handle.read()
+    except (OSError, ValueError):
+        return None
+    start = text.find("def compiled_with_cxx11_abi(")
+    if start < 0:
+        return None
+    for line in text[start:].splitlines()[1:12]:
+        words = line.split()
+        if words[:1] == ["return"]:
+            return {"True": True, "False": False}.get(" ".join(words[1:]))
+    return None
+
+
+def python_tag():
+    # The wheel tag of this interpreter (cp311): what a wheel built here is tagged with.
+    short = {"cpython": "cp", "pypy": "pp"}.get(sys.implementation.name, sys.implementation.name)
+    return "%s%d%d" % ((short,) + tuple(sys.version_info[:2]))
+
+
+def libc():
+    # "glibc 2.36": compiled extensions need at least the glibc they were built against.
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION") or None
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def wheel_arch_list(torch_dir):
@@ -803,6 +836,7 @@ def main():
         "interpreter": INTERPRETER, "found": True, "executable": sys.executable,
         "version": "%d.%d.%d" % tuple(sys.version_info[:3]), "prefix": sys.prefix,
         "virtualenv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
+        "python_tag": python_tag(), "libc": libc(),
         "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
         "python_h": python_headers(), "conda_nvcc": conda_nvcc(),
     }

@@ -7,12 +7,13 @@ mapped from library errors at the seam.
 
 from __future__ import annotations
 
+import hashlib
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, runtime_checkable
+from typing import BinaryIO, Literal, Protocol, runtime_checkable
 
-from fleetfix.errors import CommandFailedError
+from fleetfix.errors import CommandFailedError, TransferError
 
 # POSIX sh reads the script from stdin: no quoting layers, no argument-length limit.
 SHELL_STDIN: tuple[str, ...] = ("/bin/sh", "-s")
@@ -137,6 +138,52 @@ def replay_output(result: CommandResult, on_output: OutputSink | None) -> Comman
         if result.stderr:
             on_output("stderr", result.stderr.encode())
     return result
+@dataclass(frozen=True)
+class Transferred:
+    """What crossed the link: the byte count and the sha256 of exactly those bytes (hashed as they went)."""
+
+    size: int
+    sha256: str
+
+
+@runtime_checkable
+class FileTransport(Protocol):
+    """A machine that can take and give files as byte streams (the node: SFTP on its SSH connection, or
+    this machine). Only node-level transports have it; a guest's files go through its `Guest` (push/pull),
+    which stages them on the node."""
+
+    label: str
+
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        """Create path (it must not exist: callers pick a unique temp name), set mode before the first byte,
+        then stream source into it. More than max_bytes, or any failure: the partial file is removed and
+        TransferError (or a TransportError for a lost link) is raised."""
+        ...
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        """Stream path into sink; TransferError when it is missing, unreadable or over max_bytes."""
+        ...
+
+    def remove(self, path: str) -> None:
+        """Remove a file; one that is already gone is fine."""
+        ...
+
+
+_COPY_CHUNK = 256 * 1024
+
+
+def copy_stream(read: Callable[[int], bytes], write: Callable[[bytes], object], *, max_bytes: int,
+                what: str) -> Transferred:
+    """Copy chunk by chunk, hashing what is copied; TransferError as soon as more than max_bytes came."""
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := read(_COPY_CHUNK):
+        size += len(chunk)
+        if size > max_bytes:
+            raise TransferError(f"{what}: larger than the limit of {max_bytes} bytes")
+        digest.update(chunk)
+        write(chunk)
+    return Transferred(size, digest.hexdigest())
 
 
 def run_script(

@@ -13,17 +13,30 @@ line. The first matching rule wins (`times=N` retires a rule after N uses, so a 
 the same command is a list of rules). An unmatched call raises NotImplementedError(text), like Invoke's
 MockContext, so a test cannot pass by accident.
 
-It is also a node connection (`close()`), so a `Fleet(connect=...)` can hand one out per node.
+It is also a node connection (`close()`), so a `Fleet(connect=...)` can hand one out per node, and a
+node's file store: `upload`/`download`/`remove` work on `fake.files` (path -> bytes; `fake.modes` keeps the
+mode each upload set), so a responder can read what was uploaded and a test can put what a download finds.
 """
 
 from __future__ import annotations
 
+import io
 import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import BinaryIO
 
-from fleetfix.transport.base import SHELL_STDIN, CommandResult, OutputSink, command_line, replay_output
+from fleetfix.errors import TransferError
+from fleetfix.transport.base import (
+    SHELL_STDIN,
+    CommandResult,
+    OutputSink,
+    Transferred,
+    command_line,
+    copy_stream,
+    replay_output,
+)
 
 Responder = Callable[["FakeCall"], CommandResult]
 ANY = re.compile("")  # a pattern matching every call
@@ -70,6 +83,8 @@ class FakeTransport:
         self.calls: list[FakeCall] = []
         self._rules: list[_Rule] = []
         self._lock = threading.Lock()
+        self.files: dict[str, bytes] = {}
+        self.modes: dict[str, int] = {}
 
     def on(
         self,
@@ -119,3 +134,27 @@ class FakeTransport:
 
     def close(self) -> None:
         self.closed = True
+
+    # -- files ----------------------------------------------------------------------------------------
+
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        with self._lock:
+            if path in self.files:
+                raise TransferError(f"{self.label}: {path}: File exists")
+        sink = io.BytesIO()
+        moved = copy_stream(source.read, sink.write, max_bytes=max_bytes, what=path)
+        with self._lock:
+            self.files[path], self.modes[path] = sink.getvalue(), mode
+        return moved
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        with self._lock:
+            data = self.files.get(path)
+        if data is None:
+            raise TransferError(f"{self.label}: download of {path}: No such file")
+        return copy_stream(io.BytesIO(data).read, sink.write, max_bytes=max_bytes, what=path)
+
+    def remove(self, path: str) -> None:
+        with self._lock:
+            self.files.pop(path, None)
+            self.modes.pop(path, None)

@@ -6,6 +6,10 @@ started with one `killpg`, as the remote watchdog does over SSH.
 stdout and stderr are read by two threads (and stdin written by a third) instead of `communicate()`, so
 each chunk reaches the sink as the command writes it, and each stream is kept within the output cap
 (`transport.base.CappedOutput`) however much the command prints.
+
+Files (`upload`/`download`, the `FileTransport` of `--local`): plain file I/O with the same contract as
+SFTP on a node: exclusive create, the mode set before the first byte, a byte cap, the partial file removed
+on failure.
 """
 
 from __future__ import annotations
@@ -17,9 +21,18 @@ import subprocess
 import threading
 import time
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, BinaryIO
 
-from fleetfix.transport.base import DEFAULT_MAX_OUTPUT, CappedOutput, CommandResult, OutputSink, Stream
+from fleetfix.errors import TransferError
+from fleetfix.transport.base import (
+    DEFAULT_MAX_OUTPUT,
+    CappedOutput,
+    CommandResult,
+    OutputSink,
+    Stream,
+    Transferred,
+    copy_stream,
+)
 
 TIMEOUT_EXIT_CODE = 124
 # After a kill, how long to wait for the pipes to close: children that left the group may hold them.
@@ -66,6 +79,39 @@ class LocalTransport:
             code, out.getvalue().decode(errors="replace"), err.getvalue().decode(errors="replace"),
             time.monotonic() - started, timed_out=timed_out, dropped=out.dropped + err.dropped,
         )
+
+
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as error:
+            raise TransferError(f"{self.label}: cannot create {path}: {error.strerror}") from None
+        try:
+            os.fchmod(fd, mode)  # exact, whatever the umask
+            with os.fdopen(fd, "wb", closefd=False) as sink:
+                moved = copy_stream(source.read, sink.write, max_bytes=max_bytes, what=path)
+                sink.flush()
+                os.fsync(fd)
+        except BaseException as error:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            if isinstance(error, OSError):
+                raise TransferError(f"{self.label}: writing {path}: {error.strerror or error}") from None
+            raise
+        os.close(fd)
+        return moved
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        try:
+            with open(path, "rb") as source:
+                return copy_stream(source.read, sink.write, max_bytes=max_bytes, what=path)
+        except OSError as error:
+            raise TransferError(f"{self.label}: cannot read {path}: {error.strerror or error}") from None
+
+    def remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _ignore(stream: Stream, chunk: bytes) -> None:

@@ -5,11 +5,21 @@ every `execute` opens its own session channel, and a semaphore keeps the number 
 server's MaxSessions (OpenSSH default 10, so 8 here). `SSHTransport` is the node-level `Transport` on top.
 
 No paramiko or socket exception leaves this module: they become `fleetfix.errors.TransportError` subclasses.
+
+Files (`upload`/`download`/`remove`) go over SFTP on the same connection: one more session channel (under
+the same channel limit) with the `sftp` subsystem, which every Debian/PVE sshd enables by default
+(`Subsystem sftp /usr/lib/openssh/sftp-server`). Why SFTP rather than `cat > file` on an exec channel:
+the bytes never pass through a shell or our command-result path (which decodes text and keeps it in
+memory); SFTP streams with its own flow control and pipelined writes, reports errors per operation
+(ENOENT, EACCES, ENOSPC) instead of as a shell's stderr, and can create a file exclusively. The checksum
+on both ends (`fleetfix.guests.transfer`) is end-to-end either way.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
+import errno
 import logging
 import os
 import re
@@ -17,10 +27,10 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from types import TracebackType
-from typing import Any
+from typing import Any, BinaryIO
 
 from fleetfix.errors import (
     AuthenticationError,
@@ -32,6 +42,7 @@ from fleetfix.errors import (
     FleetfixError,
     KeyPermissionError,
     NameResolutionError,
+    TransferError,
     TransportError,
 )
 from fleetfix.target import SSHSettings
@@ -49,7 +60,9 @@ from fleetfix.transport.base import (
     CappedOutput,
     CommandResult,
     OutputSink,
+    Transferred,
     command_line,
+    copy_stream,
 )
 from fleetfix.transport.hostkeys import KnownHosts, known_hosts_name
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
@@ -59,6 +72,9 @@ from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 DEFAULT_MAX_CHANNELS = 8  # below OpenSSH's MaxSessions=10, leaving room for an interactive admin
+# An SFTP request unanswered this long fails the transfer: a hung node, not a slow one (each request is at
+# most 32 KiB; a node that moves nothing for two minutes is not going to finish).
+SFTP_IDLE_TIMEOUT = 120.0
 PASSPHRASE_ENV = "FLEETFIX_SSH_PASSPHRASE"
 TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` returns
 # After our deadline, how long to wait for the remote watchdog's kill to close the channel: it counts whole
@@ -295,6 +311,82 @@ class SSHConnection:
                 raise
             except (SSHException, EOFError, OSError) as error:
                 raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
+
+    # -- files (SFTP) ---------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _sftp(self, what: str) -> Iterator[paramiko.SFTPClient]:
+        """An SFTP session on its own channel (counted like an exec), with library errors mapped: a lost
+        link is ConnectionLostError, anything the server refused a TransferError naming `what`."""
+        self.open()
+        with self._channel_slots:
+            transport = self._transport
+            if transport is None or not transport.is_active():
+                raise ConnectionLostError(f"{self.endpoint}: SSH connection is closed")
+            channel = self._open_session(transport)
+            try:
+                channel.settimeout(SFTP_IDLE_TIMEOUT)
+                try:
+                    channel.invoke_subsystem("sftp")
+                    client = paramiko.SFTPClient(channel)
+                except (SSHException, EOFError) as error:
+                    if not transport.is_active():
+                        raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
+                    raise TransferError(
+                        f"{self.endpoint}: the node refused the sftp subsystem ({_one_line(error)}): "
+                        "enable `Subsystem sftp` in its sshd_config") from None
+                try:
+                    yield client
+                finally:
+                    with contextlib.suppress(Exception):
+                        client.close()
+            except FleetfixError:
+                raise
+            except TimeoutError:
+                raise TransferError(
+                    f"{self.endpoint}: {what}: no progress for {SFTP_IDLE_TIMEOUT:g}s") from None
+            except (SSHException, EOFError, OSError) as error:
+                if not transport.is_active() or not isinstance(error, OSError) or error.errno is None:
+                    raise ConnectionLostError(f"{self.endpoint}: {what}: {_one_line(error)}") from None
+                reason = error.strerror or os.strerror(error.errno)
+                raise TransferError(f"{self.endpoint}: {what}: {reason}") from None
+            finally:
+                channel.close()
+
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        """Create path exclusively on the node (mode set before any byte is written) and stream source
+        into it, pipelined; a failure removes the partial file."""
+        with self._sftp(f"upload to {path}") as sftp:
+            handle = sftp.open(path, "wbx")
+            try:
+                handle.chmod(mode)  # before the first byte: the content is never readable under a wider mode
+                handle.set_pipelined(True)
+                moved = copy_stream(source.read, handle.write, max_bytes=max_bytes, what=path)
+                handle.close()  # waits for every pipelined write's status: ENOSPC surfaces here
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    handle.close()
+                with contextlib.suppress(Exception):
+                    sftp.remove(path)
+                raise
+            return moved
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        """Stream a node file into sink, with read-ahead; TransferError when it is over max_bytes."""
+        with self._sftp(f"download of {path}") as sftp, sftp.open(path, "rb") as handle:
+            size = handle.stat().st_size
+            if size is not None and size > max_bytes:
+                raise TransferError(f"{path}: {size} bytes, over the limit of {max_bytes}")
+            handle.prefetch(size)
+            return copy_stream(handle.read, sink.write, max_bytes=max_bytes, what=path)
+
+    def remove(self, path: str) -> None:
+        with self._sftp(f"removing {path}") as sftp:
+            try:
+                sftp.remove(path)
+            except OSError as error:
+                if error.errno != errno.ENOENT:
+                    raise
 
     def _open_session(self, transport: paramiko.Transport) -> paramiko.Channel:
         """A new session channel; a refusal or a timeout is retried (OPEN_RETRY_DELAYS) while the connection
@@ -554,6 +646,15 @@ class SSHTransport:
         on_output: OutputSink | None = None,
     ) -> CommandResult:
         return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
+
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        return self.connection.upload(source, path, mode=mode, max_bytes=max_bytes)
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        return self.connection.download(path, sink, max_bytes=max_bytes)
+
+    def remove(self, path: str) -> None:
+        self.connection.remove(path)
 
 
 def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,

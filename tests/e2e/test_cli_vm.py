@@ -186,6 +186,28 @@ def test_stdin_over_qms_limit_is_staged_and_arrives_whole(lab: Lab, make_vm: Mak
     assert machine.exec(["sh", "-c", "ls /tmp"]).stdout == b""  # the staged file is gone
 
 
+def test_files_go_to_and_come_back_from_a_vm_in_pieces_checksummed(
+    lab: Lab, make_vm: MakeVm, tmp_path: Path,
+) -> None:
+    """Guest.push/pull of a VM: over `qm guest exec` only (no file API on qm's CLI), in stdin pieces of at
+    most 1 MiB and base64 pieces of 4 MiB back; the file lands by rename only after its sha256 matched."""
+    machine = make_vm(name="files-vm")
+    node = lab.node()
+    settings = SSHSettings(node.address, node.port, identity_file=str(lab.client_key),
+                           known_hosts=str(lab.known_hosts))
+    data = os.urandom(9 * 1024 * 1024 + 4321)  # three pull pieces, ten push pieces
+    (tmp_path / "wheel.whl").write_bytes(data)
+    with Fleet() as fleet:
+        guest = fleet.guest(Target("vm", NodeRef(node.name, settings), GuestRef.vm(machine.vmid)))
+        pushed = guest.push(tmp_path / "wheel.whl", "/root/wheel.whl", mode=0o640)
+        pulled = guest.pull("/root/wheel.whl", tmp_path / "back.whl")
+    assert pushed.sha256 == pulled.sha256 == hashlib.sha256(data).hexdigest()
+    assert (tmp_path / "back.whl").read_bytes() == data
+    listed = machine.exec(["sh", "-c", "stat -c '%a %s' /root/wheel.whl; ls -a /root"]).stdout.decode()
+    assert listed.splitlines()[0] == f"640 {len(data)}"
+    assert ".tmp" not in listed  # no temp file left beside it
+
+
 def test_inventory_vms_and_discovered_vms_are_targets(
     lab_factory: Callable[..., Lab], tmp_path: Path,
 ) -> None:

@@ -13,7 +13,9 @@ It follows pve-container's `src/PVE/CLI/pct.pm` (docs/DOMAIN.md 5.2) where fleet
     pct delsnapshot ID NAME [--force 0|1] | push ID SRC DST [--perms P] [--user U] [--group G]
     pct pull ID SRC DST [--perms P] [--user U] [--group G]
 
-Errors are PVE's one-line messages on stderr with exit status 255 (a Perl `die` in the CLI handler).
+Errors are PVE's one-line messages on stderr with exit status 255 (a Perl `die` in the CLI handler), except
+inside push/pull's worker (a missing source, a destination that cannot be created): real pct prints those
+on stderr and exits 0, and so does this stand-in.
 Every invocation is appended to <node dir>/pct.log (one JSON argv per line) so tests can count calls.
 
 `pct exec` and a lost SSH channel: real pct execs lxc-attach, and OpenSSH does not signal a non-PTY
@@ -37,7 +39,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import container as ctlib
@@ -283,6 +284,15 @@ def _ownership_script(options: dict[str, str]) -> str:
     return script
 
 
+def _worker_failed(message: str) -> int:
+    """How real pct reports a failure inside its push/pull worker: the message on stderr, exit status 0.
+    (pve-common: fork_worker prints the task's error to STDERR, the handler's return value is only the
+    task id, and CLIHandler::run_cli_handler exits 0.)"""
+    sys.stdout.flush()
+    sys.stderr.write(message + "\n")
+    return 0
+
+
 def cmd_push(node: ctlib.NodeState, args: list[str]) -> int:
     options, positional = parse_options(args, _FILE_OPTIONS)
     ct = _vmid(node, positional[0] if positional else None)
@@ -291,19 +301,22 @@ def cmd_push(node: ctlib.NodeState, args: list[str]) -> int:
     source, destination = positional[1], positional[2]
     if not ct.running:
         raise PctDie("can only push files to a running CT")
+    fixups = _ownership_script(options)
+    # Streamed to the CT, like File::Copy: no whole-file read. Like create_file(): O_TRUNC in place (not
+    # atomic), then chmod/chown on the open file.
+    script = 'umask 022 && cat > "$1"' + fixups
     try:
-        data = Path(source).read_bytes()
-    except OSError as error:
-        raise PctDie(f"failed to open {source}: {error.strerror}") from None
-    script = 'umask 022 && cat > "$1"' + _ownership_script(options)
-    result = subprocess.run(
-        ct.nsenter_argv(["/bin/sh", "-c", script, "push", destination]),
-        input=data,
-        stderr=subprocess.PIPE,
-        env={"PATH": ctlib.PVE_CLI_PATH},
-    )
+        with open(source, "rb") as handle:
+            result = subprocess.run(
+                ct.nsenter_argv(["/bin/sh", "-c", script, "push", destination]),
+                stdin=handle,
+                stderr=subprocess.PIPE,
+                env={"PATH": ctlib.PVE_CLI_PATH},
+            )
+    except OSError:
+        return _worker_failed(f"failed to open {source} for reading")
     if result.returncode != 0:
-        raise PctDie(
+        return _worker_failed(
             f"failed to create file: {destination}: {result.stderr.decode(errors='replace').strip()}"
         )
     return 0
@@ -317,15 +330,24 @@ def cmd_pull(node: ctlib.NodeState, args: list[str]) -> int:
     source, destination = positional[1], positional[2]
     if not ct.running:
         raise PctDie("can only pull files from a running VM")
-    result = subprocess.run(
-        ct.nsenter_argv(["/bin/cat", "--", source]), capture_output=True, env={"PATH": ctlib.PVE_CLI_PATH}
-    )
-    if result.returncode != 0:
-        raise PctDie(f"failed to open {source}: {result.stderr.decode(errors='replace').strip()}")
-    Path(destination).write_bytes(result.stdout)
     fixups = _ownership_script(options)
-    if fixups:
-        subprocess.run(["/bin/sh", "-c", "true" + fixups, "pull", destination], check=True)
+    # Like the real worker: the destination is created (and its perms set) before the source is opened,
+    # so a missing source leaves an empty destination behind.
+    try:
+        with open(destination, "wb"):
+            pass
+        if fixups:
+            subprocess.run(["/bin/sh", "-c", "true" + fixups, "pull", destination], check=True)
+    except (OSError, subprocess.CalledProcessError) as error:
+        return _worker_failed(f"failed to create file: {destination}: {error}")
+    with open(destination, "wb") as sink:
+        result = subprocess.run(
+            ct.nsenter_argv(["/bin/cat", "--", source]), stdout=sink, stderr=subprocess.PIPE,
+            env={"PATH": ctlib.PVE_CLI_PATH},
+        )
+    if result.returncode != 0:
+        reason = result.stderr.decode(errors="replace").strip().rpartition(": ")[2] or "failed"
+        return _worker_failed(f"failed to open {source}: {reason}")
     return 0
 
 

@@ -17,7 +17,7 @@ from fleetfix.audit import schedule
 from fleetfix.audit.schedule import ScheduleSpec, systemd_quote
 from fleetfix.cli import main
 from fleetfix.cli.audit import audit_group
-from fleetfix.cli.schedule import INPUT_FILES, OUTPUT_DIRS, OUTPUT_FILES, pin_audit_args
+from fleetfix.cli.schedule import INPUT_DIRS, INPUT_FILES, OUTPUT_DIRS, OUTPUT_FILES, pin_audit_args
 from fleetfix.errors import ConfigError
 
 NASTY = ["-i", "/etc/fleet fix/inv.yaml", "--limit", "tag:gpu,!pve1/1*", "--html", "/srv/r_100%_$HOME.html",
@@ -160,7 +160,7 @@ def test_every_path_valued_audit_option_is_pinned_at_install() -> None:
     """A new path option of `fleetfix audit` must say what has to exist at install time, or the nightly
     run would get it relative to wherever systemd or cron starts it."""
     paths = {param.name for param in audit_group.params if isinstance(param.type, click.Path)}
-    assert paths == set(INPUT_FILES) | set(OUTPUT_FILES) | set(OUTPUT_DIRS)
+    assert paths == set(INPUT_FILES) | set(INPUT_DIRS) | set(OUTPUT_FILES) | set(OUTPUT_DIRS)
 
 
 @pytest.fixture

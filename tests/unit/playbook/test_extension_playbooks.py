@@ -24,7 +24,8 @@ US = "\x1f"
 
 FAKE_PYTHON = """#!/bin/sh
 # Stand-in interpreter: torch is CUDA $FAKE_TORCH_CUDA; a module imports once $STATE/built-<module> exists;
-# `-m pip install` records its argv and environment, then "builds" the modules in $FAKE_PROVIDES.
+# `-m pip wheel` records its argv and environment, then writes a wheel for $FAKE_DIST into -w DIR;
+# `-m pip install WHEEL` "installs" the modules in $FAKE_PROVIDES; `--dry-run --report F` resolves.
 state={state}
 case "$1" in
   -c)
@@ -37,14 +38,25 @@ case "$1" in
           [ -e "$state/built-$m" ] || {{ echo "ModuleNotFoundError: No module named '$m'" >&2; exit 1; }}
         done ;;
       *"import setuptools"*) exit 0 ;;
+      *metadata*) echo "$FAKE_DIST 1.7.0" ;;
       *) echo "fake python: unexpected -c $code" >&2; exit 2 ;;
     esac ;;
   -m)
-    printf '%s\\n' "$@" > "$state/pip-args"
-    env > "$state/pip-env"
-    if [ -n "${{FAKE_PIP_FAIL:-}}" ]; then echo "nvcc fatal : fake failure" >&2; exit 1; fi
-    for m in $FAKE_PROVIDES; do : > "$state/built-$m"; done
-    echo "Successfully installed fake" ;;
+    case "$*" in
+      *--dry-run*) printf '%s\\n' "$@" > "$state/pip-dry-run-args" ;;
+      *" wheel "*)
+        printf '%s\\n' "$@" > "$state/pip-args"
+        env > "$state/pip-env"
+        if [ -n "${{FAKE_PIP_FAIL:-}}" ]; then echo "nvcc fatal : fake failure" >&2; exit 1; fi
+        dir=; prev=
+        for a in "$@"; do [ "$prev" = -w ] && dir=$a; prev=$a; done
+        : > "$dir/$(echo "$FAKE_DIST" | tr - _)-1.7.0-cp311-cp311-linux_x86_64.whl"
+        echo "Successfully built fake" ;;
+      *)
+        printf '%s\\n' "$@" > "$state/pip-install-args"
+        case "$*" in *.whl*) for m in $FAKE_PROVIDES; do : > "$state/built-$m"; done ;; esac
+        echo "Successfully installed fake" ;;
+    esac ;;
   *) echo "fake python: unexpected $*" >&2; exit 2 ;;
 esac
 """
@@ -80,6 +92,7 @@ def fake_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     python.chmod(0o755)
     monkeypatch.setenv("FAKE_TORCH_CUDA", "13.0")
     monkeypatch.setenv("FAKE_PROVIDES", "causal_conv1d_cuda causal_conv1d")
+    monkeypatch.setenv("FAKE_DIST", "causal-conv1d")
     monkeypatch.delenv("FAKE_PIP_FAIL", raising=False)
     return python
 
@@ -90,7 +103,8 @@ def plan(path: Path, facts: dict[str, Any], **cli_vars: Any) -> TargetPlan:
 
 
 def cu130(facts: dict[str, Any], python: Path | str = "/usr/bin/python3") -> dict[str, Any]:
-    facts["torch"] = {"version": "2.14.1+cu130", "cuda": "13.0", "interpreter": str(python)}
+    facts["torch"] = {"version": "2.14.1+cu130", "cuda": "13.0", "interpreter": str(python),
+                      "python_tag": "cp311", "cxx11_abi": True, "libc": "glibc 2.36"}
     return facts
 
 
@@ -200,13 +214,40 @@ def test_build_sets_cuda_home_jobs_arch_and_switches(facts: dict[str, Any], fake
     assert env["MAX_JOBS"] == "3" and env["TORCH_CUDA_ARCH_LIST"] == "8.9"
     assert env["CAUSAL_CONV1D_FORCE_BUILD"] == "TRUE"
     argv = (state / "pip-args").read_text().split()
-    assert argv[:3] == ["-m", "pip", "install"]
-    assert "--no-build-isolation" in argv and "--no-cache-dir" in argv
+    assert argv[:3] == ["-m", "pip", "wheel"]
+    assert "--no-build-isolation" in argv and "--no-cache-dir" in argv and "--no-deps" in argv
     assert argv[-4:] == ["--no-index", "--find-links", "/srv/wheels", "causal-conv1d"]
-    assert run.steps[-1].reason.startswith("== causal-conv1d: built in")
+    assert (state / "pip-dry-run-args").read_text().split()[-1] == "causal-conv1d"  # describe resolved it
+    installed = (state / "pip-install-args").read_text().split()
+    assert installed[:6] == ["-m", "pip", "install", "--no-index", "--no-deps", "--force-reinstall"]
+    assert installed[-1].endswith("/causal_conv1d-1.7.0-cp311-cp311-linux_x86_64.whl")
+    # No wheel cache given to run_target: built as before, and said so.
+    assert run.steps[-1].reason.startswith("causal-conv1d 1.7.0: built in")
+    assert "not cached (no wheel cache)" in run.steps[-1].reason
 
     again = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
     assert again.status == "ok"
+
+
+def test_the_cache_key_of_an_extension(facts: dict[str, Any], fake_python: Path, tmp_path: Path) -> None:
+    from fleetfix.guests.node import NodeGuest
+    from fleetfix.playbook.wheels import WheelOptions
+    from fleetfix.transport.local import LocalTransport
+    from fleetfix.wheelcache import WheelCache
+
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    cache = WheelCache(tmp_path / "cache")
+    planned = plan(BUILD, cu130(facts, fake_python), cuda_home=str(home))
+    run = run_target(planned, SubprocessTransport(tmp_path), check=False, wheels=WheelOptions(cache),
+                     guest=lambda: NodeGuest(planned.target, LocalTransport()))
+    assert run.status == "changed", run.steps[-1].reason
+    (entry,) = cache.entries()
+    assert entry.key == {
+        "name": "causal-conv1d", "version": "1.7.0", "python_tag": "cp311", "torch": "2.14.1+cu130",
+        "torch_cuda": "13.0", "cxx11_abi": "1", "cuda_toolkit": "13.0", "arch_list": "8.9",
+        "build_env": "CAUSAL_CONV1D_FORCE_BUILD=TRUE", "machine": "x86_64", "libc": "glibc 2.36"}
+    assert entry.built_on == "pve1/101" and entry.wheel == "causal_conv1d-1.7.0-cp311-cp311-linux_x86_64.whl"
+    assert "cached as causal-conv1d-1.7.0-" in run.steps[-1].reason
 
 
 def test_a_pure_python_install_fails_verification(facts: dict[str, Any], fake_python: Path, tmp_path: Path,
@@ -225,7 +266,7 @@ def test_failed_build_names_the_extension(facts: dict[str, Any], fake_python: Pa
     home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
     run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
     assert run.status == "failed"
-    assert run.steps[-1].reason.endswith("build failed: causal-conv1d")
+    assert run.steps[-1].reason.startswith("causal-conv1d: build failed: exit 1")
     assert "nvcc fatal : fake failure" in run.steps[-1].stderr   # the build log is kept
 
 

@@ -51,7 +51,9 @@ def test_derived_fields_are_in_the_template_dump() -> None:
     assert dumped["os"]["nvidia_arch"] == "x86_64"
     assert dumped["apt"]["nvidia_repo_configured"] is True
     assert dumped["torch"] == {"version": "2.11.0+cu128", "cuda": "12.8", "interpreter": "python3",
-                               "path": "/usr/local/lib/python3.11/dist-packages/torch"}
+                               "path": "/usr/local/lib/python3.11/dist-packages/torch",
+                               # recorded before the probe read them (issue 19): unknown, not guessed
+                               "cxx11_abi": None, "python_tag": None, "libc": None}
 
 
 CONTRACT_PATHS = [

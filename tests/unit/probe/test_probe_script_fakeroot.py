@@ -479,3 +479,26 @@ def test_the_real_cu130_wheels_arch_list(fakeroot: Path, fakebin: FakeBin) -> No
     env = probe(fakeroot, fakebin, (str(REAL_TORCH_PYTHON),)).pythons[0]
     assert env.torch is not None and env.torch.cuda == "13.0"
     assert env.torch.arch_list == ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+
+
+@pytest.mark.parametrize(("init", "abi"), [
+    # torch >= 2.7 hard-codes it; older torch asks its compiled module, which the probe never imports.
+    ('def compiled_with_cxx11_abi() -> builtins.bool:\n    r"""doc"""\n    return True\n', True),
+    ("def compiled_with_cxx11_abi():\n    return False\n", False),
+    ("def compiled_with_cxx11_abi():\n    return _C._GLIBCXX_USE_CXX11_ABI\n", None),
+    ("x = 1\n", None),
+])
+def test_wheel_cache_key_facts_without_importing_torch(fakeroot: Path, fakebin: FakeBin, tmp_path: Path,
+                                                       init: str, abi: bool | None) -> None:
+    site = tmp_path / "site"
+    write(site, "torch/__init__.py", "raise SystemExit('torch must not be imported')\n" + init)
+    write(site, "torch/version.py", TORCH_VERSION_PY)
+    fakebin.link("python3", sys.executable)
+    facts = probe(fakeroot, fakebin, ("python3",), env={"PYTHONPATH": str(site)})
+    env = facts.pythons[0]
+    assert env.torch is not None and env.torch.cxx11_abi is abi
+    assert env.python_tag == f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    assert env.libc is not None and env.libc.startswith("glibc ")
+    assert facts.torch is not None
+    assert (facts.torch.cxx11_abi, facts.torch.python_tag) == (abi, env.python_tag)
+    assert facts.torch.libc == env.libc
