@@ -511,7 +511,9 @@ def test_8b_dpkg_lock_held_at_the_keyring_waits_apt_lock_timeout_and_names_the_h
         [blocked] = result.json()["targets"]
         step = failed_step(blocked)
         assert step["name"] == "cuda-keyring installed"
-        assert 4.5 <= step["duration"] < 60, step["duration"]
+        # Waited for the lock (whole seconds, counted with `date +%s`: 5 s can read as 4.x), but not dpkg's
+        # own ~5 minutes.
+        assert 3.5 <= step["duration"] < 60, step["duration"]
         reason = one_line(blocked["reason"])
         assert "dpkg frontend lock was locked by another process with pid" in reason, reason
         assert "apt_lock_timeout" in reason
