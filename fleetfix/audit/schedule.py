@@ -96,12 +96,15 @@ class ScheduleSpec:
     working_directory: str = "/"  # absolute; where it was installed from
     timeout: str = DEFAULT_TIMEOUT  # a systemd time span: TimeoutStartSec=, and `timeout` on the cron line
     timeout_s: int = 3 * 3600
+    # EnvironmentFile= (absolute, private): where the `@env:NAME` secrets of a scheduled run come from, so
+    # the unit itself names them and never holds them.
+    env_file: str | None = None
 
     @classmethod
     def build(cls, *, name: str, at: str = "03:00", on_calendar: str | None = None,
               randomized_delay: str = "15min", audit_args: Sequence[str] = (), db: str | None = None,
               python: str | None = None, working_directory: str | None = None,
-              timeout: str = DEFAULT_TIMEOUT) -> ScheduleSpec:
+              timeout: str = DEFAULT_TIMEOUT, env_file: str | None = None) -> ScheduleSpec:
         if not _UNIT_NAME.fullmatch(name):
             raise ConfigError(f"--name {name!r}: letters, digits and _ . @ - only")
         at_match = _AT.fullmatch(at)
@@ -128,6 +131,7 @@ class ScheduleSpec:
             working_directory=_no_control(os.path.abspath(working_directory or os.getcwd()),
                                           "working directory"),
             timeout=" ".join(timeout.split()), timeout_s=timeout_s,
+            env_file=None if env_file is None else _no_control(os.path.abspath(env_file), "--env-file"),
         )
 
 
@@ -164,6 +168,7 @@ def service_unit(spec: ScheduleSpec) -> str:
         # Where it was installed from; every path in ExecStart= is absolute anyway (systemd starts in /).
         f"WorkingDirectory={_unit_path(spec.working_directory)}",
         *(_environment_line(name, value) for name, value in spec.environment.items()),
+        *([f"EnvironmentFile={_unit_path(spec.env_file)}"] if spec.env_file else []),
         "ExecStart=" + " ".join(systemd_quote(word) for word in spec.argv),
         # A hung audit must not block tomorrow's: a running oneshot is not started again by its timer.
         f"TimeoutStartSec={spec.timeout}",

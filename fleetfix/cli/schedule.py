@@ -20,6 +20,7 @@ from click.core import ParameterSource
 from fleetfix.cli.audit import audit_group
 from fleetfix.cli.common import handle_errors
 from fleetfix.errors import ConfigError
+from fleetfix.secrets import check_private_file
 
 if TYPE_CHECKING:
     from fleetfix.audit.schedule import InstalledService, ScheduleSpec
@@ -130,7 +131,7 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
 
 
 def _spec(name: str, at: str, on_calendar: str | None, randomized_delay: str, audit_args: tuple[str, ...],
-          db: str | None, timeout: str) -> ScheduleSpec:
+          db: str | None, timeout: str, env_file: str | None = None) -> ScheduleSpec:
     from fleetfix.audit.schedule import ScheduleSpec
     from fleetfix.audit.store import default_db_path
 
@@ -143,8 +144,15 @@ def _spec(name: str, at: str, on_calendar: str | None, randomized_delay: str, au
             raise ConfigError(f"--db (history database): {db}: {problem}")
     elif "--db" not in pinned:
         db = _absolute(str(default_db_path()), cwd)  # the history `fleetfix audit history` shows now
+    if env_file is not None:
+        env_file = _absolute(env_file, cwd)
+        problem = path_problem("input", env_file)
+        if problem:
+            raise ConfigError(f"--env-file: {env_file}: {problem}")
+        check_private_file(env_file, "--env-file")
     return ScheduleSpec.build(name=name, at=at, on_calendar=on_calendar, randomized_delay=randomized_delay,
-                              audit_args=pinned, db=db, working_directory=str(cwd), timeout=timeout)
+                              audit_args=pinned, db=db, working_directory=str(cwd), timeout=timeout,
+                              env_file=env_file)
 
 
 _NAME = click.option("--name", default="fleetfix-audit", show_default=True, help="Unit name (no suffix).")
@@ -163,12 +171,15 @@ _UNIT_DIR = click.option("--unit-dir", type=click.Path(file_okay=False), default
               help="Stop an audit still running after this long (TimeoutStartSec=; `timeout` in cron).")
 @click.option("--db", type=click.Path(dir_okay=False), default=None,
               help="FLEETFIX_AUDIT_DB for the scheduled run (default: the database the audit uses now).")
+@click.option("--env-file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="NAME=value lines (mode 0600) the scheduled run gets as its environment "
+                   "(EnvironmentFile=): where `--var NAME=@env:X` secrets come from. Not with --cron.")
 @click.option("--cron", is_flag=True, help="Print a crontab line instead of installing systemd units.")
 @click.option("--dry-run", is_flag=True, help="Print the units; write nothing.")
 @click.argument("audit_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- AUDIT OPTIONS]")
 @handle_errors
 def schedule_install(name: str, unit_dir: str, at: str, on_calendar: str | None, randomized_delay: str,
-                     timeout: str, db: str | None, cron: bool, dry_run: bool,
+                     timeout: str, db: str | None, env_file: str | None, cron: bool, dry_run: bool,
                      audit_args: tuple[str, ...]) -> None:
     """Install a systemd timer running `fleetfix audit AUDIT OPTIONS` daily (or print the cron line).
 
@@ -184,7 +195,10 @@ def schedule_install(name: str, unit_dir: str, at: str, on_calendar: str | None,
     """
     from fleetfix.audit import schedule
 
-    spec = _spec(name, at, on_calendar, randomized_delay, audit_args, db, timeout)
+    if cron and env_file:
+        raise ConfigError("--env-file is for the systemd unit: a crontab line has no environment file; give "
+                          "the secrets as @file:PATH references instead")
+    spec = _spec(name, at, on_calendar, randomized_delay, audit_args, db, timeout, env_file)
     if cron:
         click.echo(schedule.cron_line(spec))
         return

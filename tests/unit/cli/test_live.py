@@ -149,3 +149,18 @@ def test_runner_passes_chunks_with_target_and_step(tmp_path: Path) -> None:
             ("first step", "stderr", b"note\n"),
             ("second step", "stdout", f"{name} again\n".encode()),
         ]
+
+
+def test_a_target_printing_without_newlines_is_shown_in_bounded_pieces_not_buffered_forever() -> None:
+    from fleetfix.cli.live import MAX_LINE
+
+    out = io.StringIO()
+    live = LiveOutput(Console(file=out, width=10**7, color_system=None), labelled=False)
+    piece = b"x" * (MAX_LINE // 4)
+    for _ in range(5):  # more than MAX_LINE in all, no newline
+        live.feed("t", "stdout", piece)
+    shown = out.getvalue()
+    assert shown.strip("\n") and set(shown.strip("\n")) == {"x"}  # printed before any newline came
+    assert len(live._partial.get(("t", "stdout"), b"")) <= MAX_LINE  # what is held stays bounded
+    live.flush()
+    assert out.getvalue().count("x") == len(piece) * 5  # nothing lost

@@ -134,3 +134,24 @@ def test_the_audit_database_never_holds_a_remediation_secret(tmp_path: Path) -> 
     remediation, _ = apply_to_failing([], [], source_run=1, playbook="p.yaml", apply=never,  # type: ignore[arg-type]
                                       check=False, vars=mask_vars({"endpoint": SECRET}, [SECRET]))
     assert SECRET not in json.dumps(remediation.to_json())
+
+
+def test_schedule_env_file_is_named_by_the_unit_never_copied_and_must_be_private(tmp_path: Path) -> None:
+    inventory, units, env_file = tmp_path / "inv.yaml", tmp_path / "units", tmp_path / "audit.env"
+    inventory.write_text("nodes: [{name: pve1, address: 10.1.2.6}]\n")  # read at install, never dialled
+    units.mkdir()
+    env_file.write_text(f"API_TOKEN={SECRET}\n")
+    env_file.chmod(0o644)
+    args = ("--", "-i", str(inventory), "--remediate", "playbooks/cuda-toolkit.yaml",
+            "--var", "api_token=@env:API_TOKEN")
+    loose = fleetfix("schedule", "install", "--unit-dir", str(units), "--env-file", str(env_file), *args)
+    assert loose.returncode == 2 and "too open" in loose.stderr and not list(units.iterdir())
+    env_file.chmod(0o600)
+    cron = fleetfix("schedule", "install", "--cron", "--env-file", str(env_file), *args)
+    assert cron.returncode == 2 and "@file:" in cron.stderr
+    done = fleetfix("schedule", "install", "--unit-dir", str(units), "--env-file", str(env_file), *args)
+    assert done.returncode == 0, done.stderr
+    unit = (units / "fleetfix-audit.service").read_text()
+    assert f"EnvironmentFile={env_file}" in unit.splitlines()
+    assert SECRET not in unit + done.stdout + done.stderr
+
