@@ -23,7 +23,7 @@ from fleetfix.cli.wheels import wheels_group
 @click.version_option(__version__, prog_name="fleetfix")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks and live output.")
 def main(verbose: bool) -> None:
-    """Find and fix broken GPU software stacks across Proxmox VE nodes and their LXC containers.
+    """Find and fix broken GPU software stacks across Proxmox VE nodes, their containers and VMs.
 
     \b
     Examples:
