@@ -200,6 +200,10 @@ class QmGuestExecTransport:
         if result.timed_out:  # the node's watchdog ended qm itself
             why = "fleetfix: qm guest exec did not return in time\n"
             return CommandResult(TIMEOUT_EXIT_CODE, "", why + result.stderr, result.duration, timed_out=True)
+        if result.dropped:  # qm's answer (the whole output, as JSON) was over the controller's output cap
+            why = (f"fleetfix: qm guest exec answered with more than the output cap (--max-output; "
+                   f"{result.dropped} bytes dropped), so the command's result and output are unknown\n")
+            return CommandResult(1, "", why, result.duration, dropped=result.dropped)
         try:
             status = json.loads(result.stdout) if result.exit_code == 0 else None
         except ValueError:

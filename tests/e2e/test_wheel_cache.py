@@ -65,7 +65,7 @@ def test_built_once_per_key_installed_everywhere(
     lab: Lab, make_ct: Callable[..., Container], real_torch: RealTorch,  # noqa: F811
     real_repo: AptRepo, tmp_path: Path,  # noqa: F811
 ) -> None:
-    cts = [make_ct() for _ in range(4)]
+    cts = [make_ct(share=(str(real_torch.venv),)) for _ in range(4)]  # the venv is hidden unless shared
     for ct in cts:
         add_tiny_extension_source(ct)
     same_key = [(ct, "9.0") for ct in cts[:3]]
