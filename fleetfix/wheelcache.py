@@ -30,6 +30,7 @@ import re
 import secrets
 import shutil
 import time
+import zipfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,45 @@ def missing_fields(key: Mapping[str, str]) -> list[str]:
 def wheel_name_version(filename: str) -> tuple[str, str] | None:
     found = _WHEEL.match(filename)
     return (canonical_name(found["name"]), found["version"]) if found else None
+
+
+def wheel_problem(path: Path, *, name: str, version: str, tag: str) -> str | None:
+    """Why the wheel at path is not distribution name (canonical) at exactly version for tag, judged by its
+    own dist-info (METADATA's Name and Version, WHEEL's Tag lines), or None. For a wheel that arrived from
+    elsewhere: its file name alone proves nothing."""
+    try:
+        with zipfile.ZipFile(path) as wheel:
+            infos = {entry.split("/")[0] for entry in wheel.namelist()
+                     if entry.count("/") == 1 and entry.split("/")[0].endswith(".dist-info")}
+            if len(infos) != 1:
+                return f"{len(infos)} .dist-info directories, not one"
+            (info,) = infos
+            metadata = _headers(wheel.read(f"{info}/METADATA"))
+            tags = {value for field, value in _header_lines(wheel.read(f"{info}/WHEEL")) if field == "tag"}
+    except (OSError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as error:
+        return f"not a readable wheel ({error})"
+    found = (canonical_name(metadata.get("name", "")), metadata.get("version", ""))
+    if found != (name, version):
+        return f"its metadata says {found[0]} {found[1]}, not {name} {version}"
+    if tag not in tags:
+        return f"its tags are {', '.join(sorted(tags)) or 'none'}, not {tag}"
+    return None
+
+
+def _header_lines(data: bytes) -> list[tuple[str, str]]:
+    """RFC 822-style "Field: value" lines up to the first blank line (the body), fields lower-cased."""
+    lines = []
+    for line in data.decode("utf-8").splitlines():
+        if not line.strip():
+            break
+        field, colon, value = line.partition(":")
+        if colon:
+            lines.append((field.strip().lower(), value.strip()))
+    return lines
+
+
+def _headers(data: bytes) -> dict[str, str]:
+    return dict(reversed(_header_lines(data)))  # the first occurrence wins
 
 
 def file_sha256(path: Path) -> str:

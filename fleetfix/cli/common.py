@@ -220,12 +220,15 @@ class RolloutOptions:
         )
 
     def wheel_options(self) -> WheelOptions:
-        """The wheel cache of `wheels` steps (docs/extensions.md): --wheel-cache, else <state dir>/wheels."""
+        """The wheel cache of `wheels` steps (docs/extensions.md): --wheel-cache, else <state dir>/wheels;
+        upstream's release wheels are fetched by this controller for items whose playbook names them."""
+        from fleetfix.httpfetch import Fetcher
         from fleetfix.playbook.wheels import WheelOptions
         from fleetfix.wheelcache import WheelCache, default_cache_dir
 
         root = self.wheel_cache or default_cache_dir(self.records_dir())
-        return WheelOptions(WheelCache(root, wheelhouses=self.wheelhouses), rebuild=self.rebuild)
+        return WheelOptions(WheelCache(root, wheelhouses=self.wheelhouses), rebuild=self.rebuild,
+                            upstream=Fetcher())
 
     def records_dir(self) -> str | Path:
         from fleetfix.paths import default_state_dir

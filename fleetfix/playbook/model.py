@@ -53,6 +53,9 @@ class WheelsSpec(_Spec):
     build: str = Field(min_length=1)  # builds exactly one wheel into $FLEETFIX_WHEEL_DIR
     install: str = Field(min_length=1)  # installs $FLEETFIX_WHEEL
     verify: str = Field(min_length=1)  # exit 0: the item is installed and works (also the item's check)
+    # A template rendering, per item, the URL of upstream's prebuilt wheel with the placeholders of
+    # fleetfix.releasewheels ({version}, {cuda_major}, ...) filled from the key at run time; empty: none.
+    upstream: str | None = None
 
 
 def _bool_as_expression(value: Any) -> Any:

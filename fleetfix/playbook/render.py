@@ -291,6 +291,7 @@ class RenderedItem:
     build: str
     install: str
     verify: str
+    upstream: str = ""  # upstream's release wheel URL template (releasewheels.PLACEHOLDERS); "": none
 
 
 @dataclass(frozen=True)
@@ -313,6 +314,7 @@ class CompiledWheels:
     items: Any  # jinja2 TemplateExpression
     key: dict[str, jinja2.Template]
     scripts: dict[str, jinja2.Template]  # WHEEL_SCRIPTS
+    upstream: jinja2.Template | None = None
 
 
 @dataclass
@@ -439,7 +441,11 @@ class CompiledPlaybook:
             asts.append(((*here, "key", name), ast))
         scripts = {field: self._compile_script(step, getattr(spec, field), (*here, field), asts)
                    for field in WHEEL_SCRIPTS}
-        return CompiledWheels(items, key, scripts)
+        upstream = None
+        if spec.upstream is not None:
+            ast, upstream = self._parse(TEXT_ENV, spec.upstream, (*here, "upstream"))
+            asts.append(((*here, "upstream"), ast))
+        return CompiledWheels(items, key, scripts, upstream)
 
     # per target
 
@@ -568,8 +574,14 @@ class CompiledPlaybook:
                     scripts[field] = exports + template.render(item_scope)
                 except _RENDER_ERRORS as exc:
                     raise self._step_error(compiled, f"wheels.{field}", exc) from None
+            upstream = ""
+            if wheels.upstream is not None:
+                try:
+                    upstream = wheels.upstream.render(item_scope).strip()
+                except _RENDER_ERRORS as exc:
+                    raise self._step_error(compiled, "wheels.upstream", exc) from None
             rendered.append(RenderedItem(item, key, scripts["describe"], scripts["build"], scripts["install"],
-                                         scripts["verify"]))
+                                         scripts["verify"], upstream))
         return rendered
 
     def _step_error(self, compiled: CompiledStep, field: str, exc: BaseException) -> TemplateError:

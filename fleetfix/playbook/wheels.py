@@ -8,6 +8,11 @@ Per item of the step, on one target:
                                                                built as before, never cached)
     with the cache's lock on key:   the first target of a key builds; the others wait here, then hit
         hit (sha256 re-checked)  →  push the wheel, install, verify              ("installed from cache")
+        miss, and the item names upstream's release wheel whose label matches the key exactly
+                                 →  the controller downloads it, checks its dist-info, pushes it,
+                                    install, verify, and only then stores it with its URL and sha256
+                                    ("installed from upstream"); not there, unreachable, or failing the
+                                    install or import check → on to the build, nothing cached
         miss or --rebuild        →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
                                     into the cache with its manifest            ("built")
 
@@ -36,9 +41,17 @@ from typing import Any, Literal, Protocol
 from fleetfix.errors import FleetfixError
 from fleetfix.guests.base import Guest
 from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
+from fleetfix.httpfetch import Fetcher, FetchError
 from fleetfix.playbook.render import RenderedItem
+from fleetfix.releasewheels import candidate
 from fleetfix.transport.base import Transport
-from fleetfix.wheelcache import WheelCache, canonical_name, missing_fields, wheel_name_version
+from fleetfix.wheelcache import (
+    WheelCache,
+    canonical_name,
+    missing_fields,
+    wheel_name_version,
+    wheel_problem,
+)
 
 WORK_ROOT = "/var/tmp"  # per item: <WORK_ROOT>/fleetfix-wheels-<random>, 0700, removed afterwards
 SOURCE_MARKER = "FLEETFIX_WHEEL_SOURCE="  # a build's stdout line naming where a downloaded wheel came from
@@ -51,6 +64,8 @@ class WheelOptions:
 
     cache: WheelCache | None = None  # None: build on every target, as without a cache
     rebuild: bool = False  # build even when the cache or a wheelhouse has the key; replace the entry
+    # Downloads upstream's release wheels for items that name one (None: never; they are built)
+    upstream: Fetcher | None = None
 
 
 class ScriptResult(Protocol):
@@ -166,6 +181,12 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
                   sha256=pushed.sha256, size=pushed.size, built_on=entry.built_on)
             return (f"{name}: installed from the wheel cache ({entry.directory.name}, built on "
                     f"{entry.built_on}, sha256 {entry.sha256[:12]}){note}")
+        if cache is not None and item.upstream and options.upstream is not None and not options.rebuild:
+            got = _from_upstream(item, key, execute, guest, cache, options.upstream, work, event, record)
+            if isinstance(got, _Installed):
+                return f"{name}: {got.line}{note}"
+            record["upstream"] = got
+            note += f" (upstream: {got})"
         started = time.monotonic()
         built = execute("build", with_env(item.build, FLEETFIX_WHEEL_DIR=work))
         if not _ok(built):
@@ -186,6 +207,51 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
               size=pulled.size, build_seconds=seconds, source=source, rebuild=options.rebuild)
         how = "built" if source == "build" else f"downloaded ({source})"
         return f"{name}: {how} in {seconds:.0f} s, cached as {entry.directory.name}{note}"
+
+
+@dataclass(frozen=True)
+class _Installed:
+    line: str
+
+
+def _from_upstream(item: RenderedItem, key: dict[str, str], execute: Execute, guest: Callable[[], Guest],
+                   cache: WheelCache, fetcher: Fetcher, work: str, event: Callable[..., None],
+                   record: dict[str, Any]) -> _Installed | str:
+    """Upstream's release wheel for exactly this key, downloaded on the controller, installed and import-
+    checked here, then cached; or why not (the caller builds). Stored only after it passed on a target,
+    so a wheel that does not fit (an older glibc than upstream's build host) never reaches the cache."""
+    proposal = candidate(item.upstream, key)
+    if isinstance(proposal, str):
+        return f"no release wheel: {proposal}"
+    incoming = cache.incoming(proposal.install_name)
+    try:
+        try:
+            fetched = fetcher.fetch(proposal.url, incoming, max_bytes=DEFAULT_MAX_BYTES)
+        except FetchError as error:
+            return error.reason
+        problem = wheel_problem(incoming, name=key["name"], version=key["version"], tag=proposal.tag)
+        if problem is not None:
+            fetcher.refuse(proposal.url, f"{proposal.filename} refused: {problem}")
+            return f"{proposal.filename} refused: {problem}"
+        remote = f"{work}/{proposal.install_name}"
+        pushed = guest().push(incoming, remote, mode=0o600, max_bytes=max(fetched.size, 1))
+        if pushed.sha256 != fetched.sha256:
+            return f"{proposal.filename} changed on the controller while it was pushed; not installed"
+        try:
+            _install_and_verify(item, execute, work, remote, what="upstream's release wheel")
+        except _ItemFailed as failure:
+            fetcher.refuse(proposal.url, f"{proposal.filename}: {failure}")
+            return f"{proposal.filename}: {failure}"
+        entry = cache.store(key, incoming, built_on="upstream", build_seconds=None, source=proposal.url)
+    finally:
+        with contextlib.suppress(OSError):
+            incoming.unlink()  # still there unless stored
+        with contextlib.suppress(OSError):
+            incoming.parent.rmdir()
+    event("wheel", **record, action="installed-from-upstream", entry=entry.directory.name,
+          url=proposal.url, sha256=entry.sha256, size=entry.size)
+    return _Installed(f"installed upstream's release wheel {proposal.filename} (sha256 {entry.sha256[:12]}), "
+                      f"cached as {entry.directory.name}")
 
 
 def _the_wheel(transport: Transport, work: str, key: dict[str, str]) -> str:

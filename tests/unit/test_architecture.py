@@ -17,7 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fleetfix"
 # Bottom to top. A module may import its own layer and the layers below, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fleetfix", "fleetfix.errors", "fleetfix.target", "fleetfix.paths", "fleetfix.secrets",
-     "fleetfix.yamlsource", "fleetfix.boundedjson", "fleetfix.terminal", "fleetfix.wheelcache"),
+     "fleetfix.yamlsource", "fleetfix.boundedjson", "fleetfix.terminal", "fleetfix.wheelcache",
+     "fleetfix.releasewheels", "fleetfix.httpfetch"),
     ("fleetfix.transport",),
     ("fleetfix.guests",),
     ("fleetfix.fleet",),

@@ -114,8 +114,19 @@ def run_build(facts: dict[str, Any], tmp_path: Path, *, check: bool = False, **c
 
 
 def plan_lines(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
+    """SPEC, MODULES, ENV of each line (release_lines: the fourth field)."""
+    return [fields[:3] for fields in plan_fields(facts, **cli_vars)]
+
+
+def plan_fields(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
     text = plan(BUILD, facts, **cli_vars).plays[0].vars["extension_plan"]
-    return [line.split(US) for line in text.splitlines()]
+    lines = [line.split(US) for line in text.splitlines()]
+    assert all(len(fields) == 4 for fields in lines), lines
+    return lines
+
+
+def release_lines(facts: dict[str, Any], **cli_vars: Any) -> list[str]:
+    return [fields[3] for fields in plan_fields(facts, **cli_vars)]
 
 
 def sh(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -154,6 +165,23 @@ def test_extension_entries_from_the_command_line(facts: dict[str, Any]) -> None:
         ["mamba-ssm", "selective_scan_cuda mamba_ssm", "MAMBA_FORCE_BUILD=TRUE MAMBA_KEEP_CUDA_BUILD=TRUE"],
         ["/src/tiny", "tiny_cuda tiny", ""],
     ]
+
+
+def test_release_wheel_templates_come_from_the_catalog(facts: dict[str, Any]) -> None:
+    given = "causal-conv1d==1.6.1 flash-attn mamba-ssm /src/tiny=tiny_cuda"
+    assert release_lines(facts, extensions=given) == [
+        "https://github.com/Dao-AILab/causal-conv1d/releases/download/v{version}/causal_conv1d-{version}"
+        "+cu{cuda_major}torch{torch}cxx11abi{cxx11abi}-{python_tag}-{python_tag}-{platform}.whl",
+        "https://github.com/Dao-AILab/flash-attention/releases/download/v{version}/flash_attn-{version}"
+        "+cu{cuda_major}torch{torch}cxx11abi{cxx11abi}-{python_tag}-{python_tag}-{platform}.whl",
+        "https://github.com/state-spaces/mamba/releases/download/v{version}/mamba_ssm-{version}"
+        "+cu{cuda_major}torch{torch}cxx11abi{cxx11abi}-{python_tag}-{python_tag}-{platform}.whl",
+        "",  # a custom SPEC=MODULE entry has no upstream
+    ]
+    mirrored = release_lines(facts, release_wheels_url="http://127.0.0.1:8080/gh/")
+    assert mirrored[0].startswith("http://127.0.0.1:8080/gh/Dao-AILab/causal-conv1d/releases/download/")
+    for off in (False, "false", "no", "0"):  # --var gives a string
+        assert release_lines(facts, extensions=given, upstream_wheels=off) == ["", "", "", ""]
 
 
 def test_probe_fix_vars_are_accepted(facts: dict[str, Any]) -> None:

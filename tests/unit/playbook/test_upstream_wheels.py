@@ -1,0 +1,203 @@
+"""A wheels step whose item names upstream's release wheel, through run_playbook on this machine (local
+targets, real files, real sh) with a loopback stand-in for GitHub's release downloads: the wheel whose
+label matches the key is downloaded once, installed and cached; anything else is built."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from fleetfix.guests.node import NodeGuest
+from fleetfix.httpfetch import Fetcher
+from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.wheels import WheelOptions
+from fleetfix.target import Target
+from fleetfix.transport.local import LocalTransport
+from fleetfix.wheelcache import WheelCache
+from tests.lab.releases import ReleaseServer, make_wheel, refused_port
+from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from
+from tests.unit.playbook.test_transfer_and_wheel_steps import ListRecorder
+
+TAG = "cp312-cp312-linux_x86_64"
+RELEASE = ("/Dao-AILab/causal-conv1d/releases/download/v{version}/causal_conv1d-{version}"
+           "+cu{cuda_major}torch{torch}cxx11abi{cxx11abi}-{python_tag}-{python_tag}-{platform}.whl")
+# What the stand-in serves for torch 2.8 (the key of t1 and t2); torch 2.9 (t3) has no release wheel.
+SERVED = ("/Dao-AILab/causal-conv1d/releases/download/v1.6.1/"
+          "causal_conv1d-1.6.1+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl")
+
+# install: unpacks the wheel into the target's site dir; verify: imports it from there (the import check),
+# and a wheel carrying BROKEN fails it, as an upstream wheel built against a newer glibc would.
+BOOK = """\
+name: upstream
+steps:
+  - name: wheels installed
+    wheels:
+      items: "['causal-conv1d']"
+      key:
+        python_tag: cp312
+        torch: "{{ torch }}"
+        torch_cuda: "12.8"
+        cxx11_abi: "1"
+        machine: x86_64
+      upstream: "{{ release }}"
+      describe: echo causal_conv1d 1.6.1
+      build: |
+        python3 - "$FLEETFIX_WHEEL_DIR" <<'EOF'
+        import sys, zipfile
+        with zipfile.ZipFile(sys.argv[1] + "/causal_conv1d-1.6.1-cp312-cp312-linux_x86_64.whl", "w") as z:
+            z.writestr("causal_conv1d/__init__.py", "ORIGIN = 'built'\\n")
+        EOF
+        echo {{ target.name }} >> {{ builds }}/log
+      install: rm -rf {{ site }}/causal_conv1d && python3 -m zipfile -e "$FLEETFIX_WHEEL" {{ site }}
+      verify: |
+        PYTHONPATH={{ site }} python3 -c 'import causal_conv1d' && test ! -e {{ site }}/causal_conv1d/BROKEN
+"""
+
+
+def served_wheel(origin: str = "upstream", *, broken: bool = False, version: str = "1.6.1") -> bytes:
+    files = {"causal_conv1d/__init__.py": f"ORIGIN = {origin!r}\n"}
+    if broken:
+        files["causal_conv1d/BROKEN"] = ""
+    return make_wheel("causal_conv1d", version, TAG, files)
+
+
+def targets(tmp_path: Path, release: str, *torches: str) -> list[Target]:
+    (tmp_path / "builds").mkdir(exist_ok=True)
+    made = []
+    for index, torch in enumerate(torches, 1):
+        site = tmp_path / "sites" / f"t{index}"
+        site.mkdir(parents=True)
+        made.append(make_target(f"t{index}", None, site=str(site), torch=torch, release=release,
+                                builds=str(tmp_path / "builds")))
+    return made
+
+
+def run(tmp_path: Path, hosts: list[Target], cache: WheelCache, *, fetcher: Fetcher | None,
+        rebuild: bool = False, recorder: ListRecorder | None = None) -> PlaybookRun:
+    book = playbook_from(BOOK, tmp_path)
+    fleet = StandInFleet({target.name: LocalTransport(target.name) for target in hosts})
+    return run_playbook(book, hosts, fleet_map=fleet.map, facts_for=lambda target, transport: {}, vars={},
+                        check=False, recorder=recorder,
+                        guest_for=lambda target: NodeGuest(target, LocalTransport(target.name)),
+                        wheels=WheelOptions(cache, rebuild=rebuild, upstream=fetcher))
+
+
+def builds(tmp_path: Path) -> list[str]:
+    log = tmp_path / "builds" / "log"
+    return sorted(log.read_text().split()) if log.exists() else []
+
+
+def origin(target: Target) -> str:
+    text = (Path(target.vars["site"]) / "causal_conv1d" / "__init__.py").read_text()
+    return text.split("'")[1]
+
+
+def reasons(result: PlaybookRun) -> dict[str, str]:
+    return {target.target: target.steps[0].reason for target in result.targets}
+
+
+def statuses(result: PlaybookRun) -> dict[str, str]:
+    return {target.target: target.steps[0].status for target in result.targets}
+
+
+def test_the_matching_release_wheel_is_used_and_the_other_key_builds(tmp_path: Path) -> None:
+    wheel = served_wheel()
+    with ReleaseServer({SERVED: wheel}) as server:
+        hosts = targets(tmp_path, server.url + RELEASE, "2.8.0+cu128", "2.8.0+cu128", "2.9.1+cu128")
+        cache, recorder = WheelCache(tmp_path / "cache"), ListRecorder()
+        result = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5), recorder=recorder)
+        assert statuses(result) == {"t1": "changed", "t2": "changed", "t3": "changed"}, reasons(result)
+        # Downloaded once for the key (the second target of the key got it from the cache), and the
+        # other key asked for its own wheel exactly once and built.
+        assert server.requests[SERVED] == 1
+        asked_29 = [path for path in server.requests if "torch2.9" in path]
+        assert len(asked_29) == 1 and server.requests[asked_29[0]] == 1
+    assert builds(tmp_path) == ["t3"]
+    assert [origin(host) for host in hosts] == ["upstream", "upstream", "built"]
+    actions = {event["target"]: event for event in recorder.of("wheel")}
+    assert sorted(event["action"] for event in actions.values()) == [
+        "built", "installed-from-cache", "installed-from-upstream"]
+    fetched = next(event for event in actions.values() if event["action"] == "installed-from-upstream")
+    assert fetched["url"] == server.url + SERVED
+    assert fetched["sha256"] == hashlib.sha256(wheel).hexdigest()
+    assert "HTTP 404" in actions["t3"]["upstream"]
+    assert "upstream: HTTP 404" in reasons(result)["t3"]
+    assert "installed upstream's release wheel causal_conv1d-1.6.1+cu12torch2.8" in (
+        reasons(result)["t1"] + reasons(result)["t2"])
+
+    # The cache keeps it like a built wheel, under the plain name pip accepts, with its origin and sha256.
+    (entry,) = [entry for entry in cache.entries() if entry.key["torch"] == "2.8.0+cu128"]
+    assert entry.source == server.url + SERVED and entry.built_on == "upstream"
+    assert entry.sha256 == hashlib.sha256(wheel).hexdigest()
+    assert entry.wheel == f"causal_conv1d-1.6.1-{TAG}.whl"
+    assert cache.verify() == [(e, None) for e in cache.entries()]
+    assert not list((cache.root / ".incoming").iterdir())
+
+    # Idempotent: everything verifies, nothing is asked for.
+    with ReleaseServer({SERVED: wheel}) as again_server:
+        for host in hosts:
+            host.vars["release"] = again_server.url + RELEASE
+        again = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5))
+        assert set(statuses(again).values()) == {"ok"} and not again_server.requests
+
+
+def test_rebuild_and_no_fetcher_never_ask_upstream(tmp_path: Path) -> None:
+    with ReleaseServer({SERVED: served_wheel()}) as server:
+        hosts = targets(tmp_path, server.url + RELEASE, "2.8.0+cu128")
+        cache = WheelCache(tmp_path / "cache")
+        first = run(tmp_path, hosts, cache, fetcher=None)
+        assert statuses(first) == {"t1": "changed"} and builds(tmp_path) == ["t1"]
+        shutil.rmtree(Path(hosts[0].vars["site"]) / "causal_conv1d")  # the target lost it
+        rebuilt = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5), rebuild=True)
+        assert statuses(rebuilt) == {"t1": "changed"} and builds(tmp_path) == ["t1", "t1"]
+        assert not server.requests
+    assert origin(hosts[0]) == "built"
+
+
+def test_an_unreachable_upstream_falls_back_to_the_build(tmp_path: Path) -> None:
+    with refused_port() as port:
+        hosts = targets(tmp_path, f"http://127.0.0.1:{port}" + RELEASE, "2.8.0+cu128")
+        cache, recorder = WheelCache(tmp_path / "cache"), ListRecorder()
+        result = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5), recorder=recorder)
+    assert statuses(result) == {"t1": "changed"} and builds(tmp_path) == ["t1"]
+    (event,) = recorder.of("wheel")
+    assert event["action"] == "built" and "refused" in event["upstream"].lower()
+    assert [entry.source for entry in cache.entries()] == ["build"]
+
+
+def test_a_release_wheel_that_fails_its_import_check_is_not_cached(tmp_path: Path) -> None:
+    with ReleaseServer({SERVED: served_wheel(broken=True)}) as server:
+        hosts = targets(tmp_path, server.url + RELEASE, "2.8.0+cu128", "2.8.0+cu128")
+        cache, recorder = WheelCache(tmp_path / "cache"), ListRecorder()
+        result = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5), recorder=recorder)
+        assert statuses(result) == {"t1": "changed", "t2": "changed"}, reasons(result)
+        assert server.requests[SERVED] == 1  # the other target of the key got the built wheel
+    assert builds(tmp_path) in (["t1"], ["t2"])
+    assert [origin(host) for host in hosts] == ["built", "built"]
+    assert [entry.source for entry in cache.entries()] == ["build"]
+    built = next(event for event in recorder.of("wheel") if event["action"] == "built")
+    assert "upstream's release wheel installed but verify failed" in built["upstream"]
+
+
+def test_a_release_wheel_whose_metadata_is_not_the_key_is_refused(tmp_path: Path) -> None:
+    with ReleaseServer({SERVED: served_wheel(version="1.6.0")}) as server:
+        hosts = targets(tmp_path, server.url + RELEASE, "2.8.0+cu128")
+        cache = WheelCache(tmp_path / "cache")
+        result = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5))
+        assert server.requests[SERVED] == 1
+    assert builds(tmp_path) == ["t1"] and origin(hosts[0]) == "built"
+    assert "its metadata says causal-conv1d 1.6.0, not causal-conv1d 1.6.1" in reasons(result)["t1"]
+
+
+def test_a_template_naming_another_label_is_never_fetched(tmp_path: Path) -> None:
+    # A catalog entry that hard-codes cu13 for a cu12 key: the name differs from the key, so it is not
+    # even asked for, although the stand-in would serve it.
+    cu13 = SERVED.replace("+cu12", "+cu13")
+    with ReleaseServer({cu13: served_wheel()}) as server:
+        hosts = targets(tmp_path, server.url + RELEASE.replace("cu{cuda_major}", "cu13"), "2.8.0+cu128")
+        result = run(tmp_path, hosts, WheelCache(tmp_path / "cache"), fetcher=Fetcher(timeout=5))
+        assert not server.requests
+    assert builds(tmp_path) == ["t1"]
+    assert "cuda_major 13 (the key's: 12)" in reasons(result)["t1"]
+
