@@ -7,8 +7,10 @@ targets in an air-gapped network need no route, proxy or credentials of their ow
 Nothing here may hang an apply. Name resolution runs under the same deadline as the connection (a resolver
 that does not answer would otherwise block for as long as the C library likes), every socket operation
 has a timeout, and a host that could not be reached is remembered for the rest of the run: only its first
-try costs a timeout, every later wheel of the run is told at once and the caller builds. A loopback URL
-never goes through a proxy from the environment (the tests' stand-in for GitHub is one).
+try costs a timeout, every later wheel of the run is told at once and the caller builds. Until a host has
+answered once, one try at a time goes to it (targets of different keys ask at the same moment): the others
+wait for that try's outcome instead of each paying the timeout. A loopback URL never goes through a proxy
+from the environment (the tests' stand-in for GitHub is one).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class Fetcher:
         self.timeout = timeout
         self._lock = threading.Lock()
         self._unreachable: dict[str, str] = {}  # origin -> why
+        self._answered: set[str] = set()  # origins that sent an HTTP answer (even a 404) in this run
+        self._gates: dict[str, threading.Lock] = {}  # origin -> held by the one try at an unproven origin
         self._refused: dict[str, str] = {}  # URL -> why it is not to be used again in this run
 
     def refuse(self, url: str, reason: str) -> None:
@@ -91,21 +95,42 @@ class Fetcher:
             raise FetchError(f"not an http(s) URL: {url}")
         origin = _origin(parts)
         with self._lock:
-            refused, unreachable = self._refused.get(url), self._unreachable.get(origin)
-        if unreachable:
-            raise FetchError(f"{unreachable} (earlier in this run)", unreachable=True)
+            refused = self._refused.get(url)
+            # Only the connection is gated, never the body: once the host has answered, downloads of
+            # different keys run side by side.
+            gate = None if origin in self._answered else self._gates.setdefault(origin, threading.Lock())
         if refused:
             raise FetchError(f"{refused} (earlier in this run)")
         try:
-            self._resolve(parts.hostname, parts.port or 0)
-            return self._download(url, parts.hostname, dest, max_bytes)
-        except FetchError as error:
+            with gate or contextlib.nullcontext():
+                response = self._connect(url, parts.hostname, parts.port or 0, origin)
+            with response:
+                return self._stream(response, url, dest, max_bytes)
+        except FetchError:
             with contextlib.suppress(FileNotFoundError):
                 dest.unlink()
-            if error.unreachable:
-                with self._lock:
-                    self._unreachable[origin] = error.reason
             raise
+
+    def _connect(self, url: str, host: str, port: int, origin: str) -> http.client.HTTPResponse:
+        """The response to url, headers read; the outcome for its origin is remembered before the gate
+        opens, so whoever waited on it is answered from memory when the host did not answer."""
+        with self._lock:
+            unreachable = self._unreachable.get(origin)
+        if unreachable:
+            raise FetchError(f"{unreachable} (earlier in this run)", unreachable=True)
+        try:
+            self._resolve(host, port)
+            response = self._open(url, host)
+        except FetchError as error:
+            with self._lock:
+                if error.unreachable:
+                    self._unreachable[origin] = error.reason
+                else:  # an HTTP error status: the host is there
+                    self._answered.add(origin)
+            raise
+        with self._lock:
+            self._answered.add(origin)
+        return response
 
     def _resolve(self, host: str, port: int) -> None:
         """getaddrinfo under the deadline: it takes no timeout of its own. A resolver that has not
@@ -127,7 +152,7 @@ class Fetcher:
         if outcome[0] is not None:
             raise FetchError(f"cannot resolve {host}: {outcome[0]}", unreachable=True)
 
-    def _download(self, url: str, host: str, dest: Path, max_bytes: int) -> Fetched:
+    def _open(self, url: str, host: str) -> http.client.HTTPResponse:
         handlers: list[urllib.request.BaseHandler] = [_NoDowngrade()]
         if _is_loopback(host):
             handlers.append(urllib.request.ProxyHandler({}))
@@ -135,31 +160,33 @@ class Fetcher:
         request = urllib.request.Request(url, headers={"User-Agent": "fleetfix",
                                                        "Accept": "application/octet-stream"})
         try:
-            response = opener.open(request, timeout=self.timeout)
+            response: http.client.HTTPResponse = opener.open(request, timeout=self.timeout)
         except urllib.error.HTTPError as error:  # the host answered: reachable, but no file for us
             error.close()
             raise FetchError(f"HTTP {error.code} {error.reason} for {url}") from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as error:
             reason = getattr(error, "reason", error)
             raise FetchError(f"cannot reach {host}: {reason}", unreachable=True) from None
-        with response:
-            length = response.headers.get("Content-Length")
-            if length is not None and length.isdigit() and int(length) > max_bytes:
-                raise FetchError(f"{url} is {length} bytes, over the limit of {max_bytes}")
-            digest, size = hashlib.sha256(), 0
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as sink:
-                try:
-                    while chunk := response.read(_CHUNK):
-                        size += len(chunk)
-                        if size > max_bytes:
-                            raise FetchError(f"{url} sent over {max_bytes} bytes")
-                        digest.update(chunk)
-                        sink.write(chunk)
-                except (OSError, http.client.HTTPException) as error:
-                    raise FetchError(f"download of {url} broke off after {size} bytes: {error}") from None
-                sink.flush()
-                os.fsync(sink.fileno())
-            if length is not None and length.isdigit() and int(length) != size:
-                raise FetchError(f"{url}: {size} bytes arrived, Content-Length said {length}")
-            return Fetched(response.geturl(), size, digest.hexdigest())
+        return response
+
+    def _stream(self, response: http.client.HTTPResponse, url: str, dest: Path, max_bytes: int) -> Fetched:
+        length = response.headers.get("Content-Length")
+        if length is not None and length.isdigit() and int(length) > max_bytes:
+            raise FetchError(f"{url} is {length} bytes, over the limit of {max_bytes}")
+        digest, size = hashlib.sha256(), 0
+        fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as sink:
+            try:
+                while chunk := response.read(_CHUNK):
+                    size += len(chunk)
+                    if size > max_bytes:
+                        raise FetchError(f"{url} sent over {max_bytes} bytes")
+                    digest.update(chunk)
+                    sink.write(chunk)
+            except (OSError, http.client.HTTPException) as error:
+                raise FetchError(f"download of {url} broke off after {size} bytes: {error}") from None
+            sink.flush()
+            os.fsync(sink.fileno())
+        if length is not None and length.isdigit() and int(length) != size:
+            raise FetchError(f"{url}: {size} bytes arrived, Content-Length said {length}")
+        return Fetched(response.geturl(), size, digest.hexdigest())

@@ -31,6 +31,7 @@ import secrets
 import shutil
 import time
 import zipfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,9 +71,13 @@ def wheel_name_version(filename: str) -> tuple[str, str] | None:
 def wheel_problem(path: Path, *, name: str, version: str, tag: str) -> str | None:
     """Why the wheel at path is not distribution name (canonical) at exactly version for tag, judged by its
     own dist-info (METADATA's Name and Version, WHEEL's Tag lines), or None. For a wheel that arrived from
-    elsewhere: its file name alone proves nothing."""
+    elsewhere: its file name alone proves nothing, and no checksum came with it, so every member's CRC is
+    read too (bytes damaged on the way are refused here, not halfway through pip's unpacking)."""
     try:
         with zipfile.ZipFile(path) as wheel:
+            damaged = wheel.testzip()
+            if damaged is not None:
+                return f"not a readable wheel (bad CRC-32 for {damaged})"
             infos = {entry.split("/")[0] for entry in wheel.namelist()
                      if entry.count("/") == 1 and entry.split("/")[0].endswith(".dist-info")}
             if len(infos) != 1:
@@ -80,7 +85,7 @@ def wheel_problem(path: Path, *, name: str, version: str, tag: str) -> str | Non
             (info,) = infos
             metadata = _headers(wheel.read(f"{info}/METADATA"))
             tags = {value for field, value in _header_lines(wheel.read(f"{info}/WHEEL")) if field == "tag"}
-    except (OSError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as error:
+    except (OSError, KeyError, zipfile.BadZipFile, zlib.error, EOFError, UnicodeDecodeError) as error:
         return f"not a readable wheel ({error})"
     found = (canonical_name(metadata.get("name", "")), metadata.get("version", ""))
     if found != (name, version):

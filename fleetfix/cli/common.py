@@ -303,7 +303,8 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                                "after the cache (repeatable).")),
         click.option("--rebuild", is_flag=True,
                      help=text("`wheels` steps build on every target that lacks the item, ignoring the "
-                               "wheel cache and wheelhouses, and replace the cached entries.")),
+                               "wheel cache, wheelhouses and upstream's release wheels, and replace the "
+                               "cached entries.")),
     ]
 
 

@@ -5,8 +5,12 @@ controller's bounded download (httpfetch) against a loopback stand-in, and the d
 from __future__ import annotations
 
 import hashlib
+import io
 import socket
+import struct
 import threading
+import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -135,6 +139,87 @@ def test_an_unreachable_host_is_asked_once_per_run(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_targets_asking_at_the_same_moment_try_an_unanswering_host_once(tmp_path: Path) -> None:
+    # Targets of different keys reach the download together. A host that takes each connection and
+    # hangs up without an answer (counted here: a refused connection leaves nothing to count) must be
+    # tried by one of them; the others wait for that outcome. Without the gate all four connect.
+    accepted: list[int] = []
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        listener.settimeout(0.2)
+        port = listener.getsockname()[1]
+        stop = threading.Event()
+
+        def hang_up() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                accepted.append(1)
+                time.sleep(0.3)  # long enough for every other thread to be at the door
+                conn.close()
+
+        server = threading.Thread(target=hang_up, daemon=True)
+        server.start()
+        fetcher, start = Fetcher(timeout=5), threading.Barrier(4)
+        reasons: list[str] = []
+
+        def fetch(index: int) -> None:
+            start.wait()
+            try:
+                fetcher.fetch(f"http://127.0.0.1:{port}/{index}.whl", tmp_path / f"{index}.whl", max_bytes=10)
+            except FetchError as error:
+                assert error.unreachable
+                reasons.append(error.reason)
+
+        threads = [threading.Thread(target=fetch, args=(index,)) for index in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        stop.set()
+        server.join(5)
+    assert len(accepted) == 1 and len(reasons) == 4, (accepted, reasons)
+    assert sum("earlier in this run" in reason for reason in reasons) == 3, reasons
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_host_that_answers_is_not_waited_on(tmp_path: Path) -> None:
+    # The gate is for the first try only: a 404 is an answer, and every target then asks for itself.
+    with ReleaseServer() as server:
+        fetcher, start = Fetcher(timeout=5), threading.Barrier(3)
+        reasons: list[str] = []
+
+        def fetch(index: int) -> None:
+            start.wait()
+            with pytest.raises(FetchError) as error:
+                fetcher.fetch(f"{server.url}/{index}.whl", tmp_path / f"{index}.whl", max_bytes=10)
+            reasons.append(error.value.reason)
+
+        threads = [threading.Thread(target=fetch, args=(index,)) for index in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert sorted(server.requests) == ["/0.whl", "/1.whl", "/2.whl"]
+    assert len(reasons) == 3 and all("HTTP 404" in reason for reason in reasons), reasons
+
+
+def test_a_host_that_never_answers_is_given_up_on(tmp_path: Path) -> None:
+    # A listening socket nobody accepts from: the kernel completes the connection, no reply ever comes.
+    # The outcome does not depend on speed: without the read timeout this test would hang (pytest-timeout).
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        port = silent.getsockname()[1]
+        with pytest.raises(FetchError) as error:
+            Fetcher(timeout=0.2).fetch(f"http://127.0.0.1:{port}/a.whl", tmp_path / "a.whl", max_bytes=1)
+    assert error.value.unreachable and "timed out" in error.value.reason
+    assert not list(tmp_path.iterdir())
+
+
 def test_name_resolution_is_bounded_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # getaddrinfo takes no timeout: a resolver that never answers (an air-gapped site's) must not hold
     # the apply. Stand-ins for the resolver, so no query leaves this machine.
@@ -177,6 +262,16 @@ def test_a_refused_url_is_not_fetched_again(tmp_path: Path) -> None:
 TAG = "cp312-cp312-linux_x86_64"
 
 
+def _damaged(wheel: bytes) -> bytes:
+    """wheel with one byte of its first member's stored data flipped (what a bad mirror or disk does)."""
+    with zipfile.ZipFile(io.BytesIO(wheel)) as archive:
+        first = archive.infolist()[0]
+    # The local header: 30 fixed bytes, whose last four are the name's and the extra field's lengths.
+    name_length, extra_length = struct.unpack_from("<HH", wheel, first.header_offset + 26)
+    offset = first.header_offset + 30 + name_length + extra_length + first.compress_size // 2
+    return wheel[:offset] + bytes([wheel[offset] ^ 0xFF]) + wheel[offset + 1:]
+
+
 @pytest.mark.parametrize(("wheel", "problem"), [
     (make_wheel("causal_conv1d", "1.6.1", TAG, {"causal_conv1d/__init__.py": ""}), None),
     (make_wheel("causal_conv1d", "1.6.0", TAG, {}), "says causal-conv1d 1.6.0"),
@@ -186,6 +281,9 @@ TAG = "cp312-cp312-linux_x86_64"
     (make_wheel("causal_conv1d", "1.6.1", TAG, {}, metadata_version="1.6.1+cu12torch2.8cxx11abiTRUE"),
      "1.6.1+cu12"),
     (b"<html>rate limited</html>", "not a readable wheel"),
+    # damaged on the way: the zip's directory is intact, a member's bytes are not
+    (_damaged(make_wheel("causal_conv1d", "1.6.1", TAG, {"causal_conv1d_cuda.so": bytes(range(256)) * 64})),
+     "not a readable wheel"),
 ])
 def test_the_wheels_own_metadata_must_be_the_key(tmp_path: Path, wheel: bytes, problem: str | None) -> None:
     path = tmp_path / "w.whl"
