@@ -181,14 +181,17 @@ def _probe_into(
 def run_audit(
     fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore, deep: bool = False,
     on_progress: Callable[[TargetReport], None] | None = None, args: Mapping[str, Any] | None = None,
+    facts: bool = True,
 ) -> AuditRun:
     """Probe targets, judge each result by the policy and commit it as it arrives; then mark the run
-    complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept."""
+    complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept.
+    Returns the run as stored (load_audit; facts=False: without the targets' facts, for reports that do
+    not show them)."""
     run_id = store.start_run({**(args or {}), "policy": policy.source, "deep": deep})
     _probe_into(run_id, fleet, targets, policy=policy, store=store, deep=deep, on_progress=on_progress)
     if not fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline
         store.finish_run(run_id, finished=time.time())
-    return load_audit(store, run_id)
+    return load_audit(store, run_id, facts=facts)
 
 
 def remediate_audit(

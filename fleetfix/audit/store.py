@@ -383,10 +383,12 @@ class AuditStore:
 
     @_guarded
     def previous_complete(self, run_id: int) -> int | None:
-        """The newest complete run before run_id: the baseline drift is measured against."""
+        """The newest complete run before run_id: the baseline drift is measured against. A pruned run
+        is no baseline (its results are gone): for an old run shown again, drift is then measured against
+        the newest complete run before it that is still whole (a new run's never is: prune keeps it)."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete'", (run_id,)
+                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete' AND pruned IS NULL", (run_id,)
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 

@@ -98,9 +98,12 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     db_path = Path(db) if db else default_db_path()
     # One audit per history at a time (fleetfix.audit.lock): a second one exits instead of interleaving.
     with exclusive_audit(db_path), AuditStore(db_path) as store, fleet_options.open() as fleet:
+        fleet.start_connecting(resolved)  # the handshakes overlap the rest of the set-up
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
+            # A remediation records the audit's results again (its re-probe run): with their facts.
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
-                            on_progress=progress.advance, args=args)
+                            on_progress=progress.advance, args=args,
+                            facts=report.shows_facts or playbook is not None)
         if playbook is None or remediate_path is None:
             report.emit(run)
             return run.exit_code
@@ -143,7 +146,7 @@ def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findi
     from fleetfix.audit import load_audit
 
     with _store(db, readonly=True) as store:
-        run = load_audit(store, store.resolve(run_ref))
+        run = load_audit(store, store.resolve(run_ref), facts=report.shows_facts)
     report.emit(run, verbose=verbose_findings)
 
 
