@@ -135,7 +135,9 @@ class Bed:
 # -- the bed ---------------------------------------------------------------------------------------------
 
 
-def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool = True) -> Bed:
+def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool = True,
+                timestamps: Path | None = None) -> Bed:
+    """timestamps: the proxy logs accept and first-client-byte times there (latency_proxy --timestamps)."""
     started = time.monotonic()
     lab = Lab(workdir / "lab", nodes=nodes)
     proxy: subprocess.Popen[bytes] | None = None
@@ -146,6 +148,8 @@ def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool
         ports: dict[str, int] = {}
         if rtt_ms > 0:
             routes = [f"--route={node.address}:{node.port}" for node in lab.nodes.values()]
+            if timestamps is not None:
+                routes.append(f"--timestamps={timestamps}")
             proxy = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.latency_proxy", f"--delay-ms={rtt_ms / 2}", *routes],
                 stdout=subprocess.PIPE, cwd=REPO, start_new_session=True,
