@@ -169,7 +169,8 @@ def prune(db: Path, keep_days: float) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", type=int, default=10000)
     parser.add_argument("--nights", type=int, default=365)
     parser.add_argument("--churn", type=float, default=0.01)
@@ -184,8 +185,9 @@ def main() -> None:
     db.unlink(missing_ok=True)
     try:
         t0 = time.perf_counter()
-        result: dict[str, Any] = {"targets": options.targets, "nights": options.nights, "churn": options.churn,
-                                  "volatile": options.volatile, "loadavg": os.getloadavg()[0]}
+        result: dict[str, Any] = {"targets": options.targets, "nights": options.nights,
+                                  "churn": options.churn, "volatile": options.volatile,
+                                  "loadavg": os.getloadavg()[0]}
         result.update(build(db, options.targets, options.nights, options.churn, options.volatile))
         result["build_s"] = round(time.perf_counter() - t0, 1)
         result["bytes"] = file_size(db)

@@ -83,7 +83,8 @@ def run_once(name: str, argv: list[str], log: Path, *, stdin_path: Path | None =
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rtt-ms", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", type=Path)

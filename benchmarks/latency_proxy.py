@@ -34,8 +34,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import TextIO
 from dataclasses import dataclass, field
+from typing import TextIO
 
 CHUNK = 65536
 MAX_QUEUED_CHUNKS = 64  # per direction: at most 4 MiB in flight before the reader is paused
