@@ -110,8 +110,8 @@ def run_step(lab: Lab, targets: int, nights: int, work: Path) -> list[dict[str, 
     db = step / "audit.db"
     rows = []
     for night in range(1, nights + 1):
-        argv = [sys.executable, "-m", "benchmarks.scale_cli", "audit", "-i", "inventory.yaml", "--db", str(db),
-                "--html", "report.html", "--junit", "report.xml", "--prometheus", "report.prom"]
+        argv = [sys.executable, "-m", "benchmarks.scale_cli", "audit", "-i", "inventory.yaml",
+                "--db", str(db), "--html", "report.html", "--junit", "report.xml", "--prometheus", "report.prom"]
         load_before = os.getloadavg()[0]
         run = measure(argv, env=_python_env(), cwd=step, timeout=3600)
         found = re.search(r"^SCALE (.*)$", run.stderr, re.M)
@@ -136,7 +136,8 @@ def run_step(lab: Lab, targets: int, nights: int, work: Path) -> list[dict[str, 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", default="10,100,1000,10000", help="fleet sizes, comma-separated")
     parser.add_argument("--nights", type=int, default=2, help="audits per step, into one history")
     parser.add_argument("--seed", type=int, default=21)
