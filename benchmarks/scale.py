@@ -111,7 +111,8 @@ def run_step(lab: Lab, targets: int, nights: int, work: Path) -> list[dict[str, 
     rows = []
     for night in range(1, nights + 1):
         argv = [sys.executable, "-m", "benchmarks.scale_cli", "audit", "-i", "inventory.yaml",
-                "--db", str(db), "--html", "report.html", "--junit", "report.xml", "--prometheus", "report.prom"]
+                "--db", str(db), "--html", "report.html", "--junit", "report.xml",
+                "--prometheus", "report.prom"]
         load_before = os.getloadavg()[0]
         run = measure(argv, env=_python_env(), cwd=step, timeout=3600)
         found = re.search(r"^SCALE (.*)$", run.stderr, re.M)
