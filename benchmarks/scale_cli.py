@@ -3,8 +3,9 @@
     python -m benchmarks.scale_cli audit -i inventory.yaml --db audit.db ...
 
 Runs the real command (fleetfix.cli.main) in this process; the only addition is timing: every
-AuditStore.record_targets call (each result the audit commits: wall time, and CPU of the thread that
-committed it), load_audit, and the reports (ReportChoice.emit). They are printed as one line on stderr,
+AuditStore.record_targets call (each result the audit commits: wall time including the wait for the store's
+lock, the time the lock was held, i.e. the writes' serial time, and CPU of the thread that committed it),
+load_audit, and the reports (ReportChoice.emit). They are printed as one line on stderr,
 `SCALE {json}`, when the process exits, so benchmarks/scale.py can report the audit write time apart from
 the whole process's CPU and RSS (which it measures from outside, os.wait4).
 """
@@ -27,7 +28,25 @@ from fleetfix.cli.common import ReportChoice
 
 _lock = threading.Lock()
 timings: dict[str, float] = {"record_wall_s": 0.0, "record_cpu_s": 0.0, "records": 0,
-                             "load_audit_s": 0.0, "reports_s": 0.0}
+                             "store_lock_held_s": 0.0, "load_audit_s": 0.0, "reports_s": 0.0}
+
+
+class _TimedLock:
+    """The store's lock, counting how long it is held (every store call: writes, and the few reads)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._since = 0.0
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+        self._since = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        held = time.perf_counter() - self._since
+        self._lock.release()
+        with _lock:
+            timings["store_lock_held_s"] += held
 
 
 def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,6 +82,14 @@ def _report() -> None:
 
 
 def install() -> None:
+    original_init = AuditStore.__init__
+
+    @functools.wraps(original_init)
+    def init(self: AuditStore, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self._lock = _TimedLock()  # type: ignore[assignment]
+
+    AuditStore.__init__ = init  # type: ignore[method-assign]
     AuditStore.record_targets = _timed_record(AuditStore.record_targets)  # type: ignore[method-assign]
     # run_audit calls load_audit by its module-level name
     audit_package.load_audit = _timed("load_audit_s", audit_package.load_audit)
