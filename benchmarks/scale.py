@@ -124,6 +124,9 @@ def run_step(lab: Lab, targets: int, nights: int, work: Path) -> list[dict[str, 
             "targets": targets, "night": night, "wall_s": round(run.wall_s, 2), "cpu_s": round(run.cpu_s, 2),
             "cpu_ms_per_target": round(1000 * run.cpu_s / targets, 2),
             "peak_rss_mib": round(run.maxrss_kib / 1024, 1),
+            # the process's peak as each phase began and ended (scale_cli): probing, load_audit, reports
+            "peak_rss_mib_phases": {key.removeprefix("peak_rss_mib_"): round(value, 1)
+                                    for key, value in timers.items() if key.startswith("peak_rss_mib_")},
             "audit_write_s": round(timers["store_lock_held_s"], 2),  # serial: the store's lock held
             "audit_write_wall_incl_waits_s": round(timers["record_wall_s"], 2),
             "audit_write_cpu_s": round(timers["record_cpu_s"], 2),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import resource
 import sys
 import threading
 import time
@@ -49,15 +50,25 @@ class _TimedLock:
             timings["store_lock_held_s"] += held
 
 
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def _timed(key: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """Time `function`; also the process's peak RSS when it is first entered (the peak of every phase
+    before it: for load_audit, probing and recording) and when it last returns (through it), so a peak
+    can be put down to a phase."""
     @functools.wraps(function)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
+        with _lock:
+            timings.setdefault(f"peak_rss_mib_before_{key}", _peak_rss_mib())
         try:
             return function(*args, **kwargs)
         finally:
             with _lock:
                 timings[key] += time.perf_counter() - started
+                timings[f"peak_rss_mib_after_{key}"] = _peak_rss_mib()
 
     return wrapper
 

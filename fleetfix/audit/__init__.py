@@ -175,7 +175,7 @@ def _probe_into(
         if on_progress:
             on_progress(report)
 
-    probe_targets(fleet, prepared, deep=deep, on_done=on_done)
+    probe_targets(fleet, prepared, deep=deep, on_done=on_done, keep_facts=False)  # committed in on_done
 
 
 def run_audit(
