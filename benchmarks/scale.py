@@ -15,8 +15,10 @@ recorded fixtures of tests/fixtures/probe in the dashboard benchmark's mix, each
 Nodes hold 100 containers each (10 and 100 targets: one node). Each step audits its fleet `--nights`
 times into a fresh history (the first night has no baseline; the next ones compute drift against it and
 add to the history what a night adds). Per step and night: wall time, the whole process's CPU (os.wait4)
-and peak RSS, the audit's write time (every result's commit), load and report time (scale_cli's timers),
-and the database's size. The bed's own work (sshd's sessions, the stand-in) runs on the same cores.
+and peak RSS (and its value as each phase ended: probing, load_audit, reports), the audit's write time
+(how long the store's lock was held: the writes' serial time; and the committing threads' CPU), load and
+report time (scale_cli's timers), and the database's size. The bed's own work (sshd's sessions, the
+stand-in) runs on the same cores.
 """
 
 from __future__ import annotations
