@@ -54,7 +54,7 @@ PYINFRA_VENV = BENCH_DIR / ".venv-pyinfra"
 FIRST_CTID = 200
 DEFAULT_FORKS = 32  # fleetfix's --forks default; also used for Ansible's forks
 DEFAULT_CHANNELS = 8  # fleetfix's channels per node; the floor's xargs -P per node
-REPEATED = ("fleetfix", "floor", "fleetfix-cli")  # what --repeat runs more than once
+REPEATED = ("fleetfix", "floor", "fleetfix-cli", "paramiko-ref")  # what --repeat runs more than once
 SCALING_STEPS = ((1, 10), (10, 10), (50, 20))  # (nodes, containers per node): 10, 100, 1000 targets
 # The lab's bed pins this too: OpenSSH 9's default sntrup761 kex costs ~100 ms of CPU per connection here,
 # and paramiko (so fleetfix and Ansible's pct_remote) cannot use it: every tool gets the same key exchange.
@@ -135,7 +135,9 @@ class Bed:
 # -- the bed ---------------------------------------------------------------------------------------------
 
 
-def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool = True) -> Bed:
+def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool = True,
+                timestamps: Path | None = None) -> Bed:
+    """timestamps: the proxy logs accept and first-client-byte times there (latency_proxy --timestamps)."""
     started = time.monotonic()
     lab = Lab(workdir / "lab", nodes=nodes)
     proxy: subprocess.Popen[bytes] | None = None
@@ -146,6 +148,8 @@ def start_fleet(workdir: Path, nodes: int, cts: int, rtt_ms: float, *, log: bool
         ports: dict[str, int] = {}
         if rtt_ms > 0:
             routes = [f"--route={node.address}:{node.port}" for node in lab.nodes.values()]
+            if timestamps is not None:
+                routes.append(f"--timestamps={timestamps}")
             proxy = subprocess.Popen(
                 [sys.executable, "-m", "benchmarks.latency_proxy", f"--delay-ms={rtt_ms / 2}", *routes],
                 stdout=subprocess.PIPE, cwd=REPO, start_new_session=True,
@@ -214,6 +218,24 @@ def run_fleetfix(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_
         with_node_facts=summary["with_node_facts"],
         errors=summary["errors"],
     )
+
+
+def run_paramiko_ref(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS,
+                     channels: int = DEFAULT_CHANNELS) -> ToolResult:
+    """The minimal paramiko reference (benchmarks/paramiko_ref.py): the same remote work, nothing else."""
+    spec_path = fleet.workdir / "paramiko-ref-spec.json"
+    spec_path.write_text(json.dumps({
+        "identity": str(fleet.lab.client_key), "known_hosts": str(fleet.lab.known_hosts),
+        "forks": forks, "channels_per_node": channels, "nodes": [asdict(node) for node in nodes],
+    }))
+    argv = [sys.executable, "-m", "benchmarks.paramiko_ref", str(spec_path)]
+    run, counts = measure_counted(fleet, nodes, argv, env=_python_env(), cwd=REPO)
+    try:
+        summary = json.loads(run.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        raise RuntimeError(
+            f"paramiko reference failed (exit {run.returncode}): {run.stderr[-2000:]}") from None
+    return ToolResult.from_measured("paramiko-ref", summary["targets"], summary["ok"], run, counts)
 
 
 def run_fleetfix_cli(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS) -> ToolResult:
@@ -558,9 +580,9 @@ def render(results: Sequence[ToolResult], *, nodes: int, cts: int, rtt_ms: float
         for other in results:
             if other is fleetfix:
                 continue
-            if other.tool == "floor":
+            if other.tool in ("floor", "paramiko-ref"):
                 for ours in filter(None, (fleetfix, by_tool.get("fleetfix-cli"))):
-                    lines.append(f"{ours.tool} / floor: wall {ours.wall_s / other.wall_s:.2f}x, "
+                    lines.append(f"{ours.tool} / {other.tool}: wall {ours.wall_s / other.wall_s:.2f}x, "
                                  f"CPU {ours.cpu_s / max(other.cpu_s, 1e-9):.2f}x")
             else:
                 lines.append(f"{other.tool} / fleetfix: wall {other.wall_s / fleetfix.wall_s:.2f}x, "
@@ -588,6 +610,8 @@ def run_tool(fleet: Bed, tool: str, *, forks: int, channels: int) -> ToolResult:
         result = run_fleetfix_cli(fleet, fleet.nodes, forks=forks)
     elif tool == "floor":
         result = run_floor(fleet, fleet.nodes, channels=channels)
+    elif tool == "paramiko-ref":
+        result = run_paramiko_ref(fleet, fleet.nodes, forks=forks, channels=channels)
     elif tool.startswith("ansible-"):
         result = run_ansible(fleet, fleet.nodes, tool.removeprefix("ansible-"), forks=forks)
     elif tool == "pyinfra":
@@ -685,7 +709,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(render_scaling(rows, args.rtt_ms))
             payload: dict[str, Any] = {"mode": "targets-scaling", "rtt_ms": args.rtt_ms, "rows": rows}
         else:
-            tools = ["fleetfix", "floor", "fleetfix-cli"]
+            tools = ["fleetfix", "floor", "fleetfix-cli", "paramiko-ref"]
             if not args.no_ansible:
                 if ansible_available():
                     tools += ["ansible-raw", "ansible-setup"]

@@ -15,6 +15,11 @@ Run as its own process so its CPU is never charged to the tool being measured:
 prints one JSON line `{"127.0.0.2:40001": 45678, ...}` (upstream → listening port on the same address) once
 every listener is up, then serves until SIGTERM/SIGINT. On exit it prints `{"accepted": {...}}` with the
 number of connections accepted per upstream (a cross-check for the sshd log counts).
+
+`--timestamps FILE` appends, per connection, `accept <t>` when it is accepted and `first <t> <bytes>` when the
+client's first bytes arrive (its SSH identification line), `t` being CLOCK_MONOTONIC seconds
+(`time.monotonic()`, the same clock in every process of the machine): benchmarks/startup.py measures the
+time from a command's start to its first SSH packet with it.
 """
 
 from __future__ import annotations
@@ -27,8 +32,10 @@ import ipaddress
 import json
 import signal
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TextIO
 
 CHUNK = 65536
 MAX_QUEUED_CHUNKS = 64  # per direction: at most 4 MiB in flight before the reader is paused
@@ -58,14 +65,20 @@ class Route:
         return f"{self.upstream_host}:{self.upstream_port}"
 
 
-async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float) -> None:
-    """Copy reader → writer, each chunk delayed by `delay` from when it was read; forward EOF the same way."""
+async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float,
+                on_first: Callable[[int], None] | None = None) -> None:
+    """Copy reader → writer, each chunk delayed by `delay` from when it was read; forward EOF the same way.
+    on_first(size) is called when the first chunk is read."""
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue(MAX_QUEUED_CHUNKS)
 
     async def read_side() -> None:
+        first = on_first
         try:
             while data := await reader.read(CHUNK):
+                if first is not None:
+                    first(len(data))
+                    first = None
                 await queue.put((loop.time() + delay, data))
         finally:
             await queue.put((loop.time() + delay, b""))  # b"": EOF (or the reader failed)
@@ -98,14 +111,22 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, dela
 _HANDLERS: set[asyncio.Task[None]] = set()
 
 
+def _stamp(log: TextIO | None, route: Route, event: str, extra: str = "") -> None:
+    if log is not None:
+        log.write(f"{route.name} {event} {time.monotonic():.6f}{extra}\n")
+        log.flush()
+
+
 async def _serve_one(
-    route: Route, delay: float, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter
+    route: Route, delay: float, log: TextIO | None, client_reader: asyncio.StreamReader,
+    client_writer: asyncio.StreamWriter,
 ) -> None:
     handler = asyncio.current_task()
     if handler is not None:
         _HANDLERS.add(handler)
         handler.add_done_callback(_HANDLERS.discard)
     route.accepted += 1
+    _stamp(log, route, "accept")
     try:
         upstream_reader, upstream_writer = await asyncio.open_connection(
             route.upstream_host, route.upstream_port
@@ -116,7 +137,9 @@ async def _serve_one(
     try:
         # Both directions until both have seen EOF (or failed: a reset on one side closes the other).
         await asyncio.gather(
-            _pump(client_reader, upstream_writer, delay), _pump(upstream_reader, client_writer, delay),
+            _pump(client_reader, upstream_writer, delay,
+                  lambda size: _stamp(log, route, "first", f" {size}")),
+            _pump(upstream_reader, client_writer, delay),
             return_exceptions=True,
         )
     except asyncio.CancelledError:
@@ -126,10 +149,11 @@ async def _serve_one(
             writer.close()
 
 
-async def serve(routes: Sequence[Route], delay: float, ready: asyncio.Event | None = None) -> None:
+async def serve(routes: Sequence[Route], delay: float, ready: asyncio.Event | None = None,
+                log: TextIO | None = None) -> None:
     """Listen for every route (on the upstream's own address, a free port) until cancelled."""
     for route in routes:
-        handler = functools.partial(_serve_one, route, delay)
+        handler = functools.partial(_serve_one, route, delay, log)
         route.server = await asyncio.start_server(handler, route.upstream_host, 0, backlog=256)
         route.listen_port = route.server.sockets[0].getsockname()[1]
     if ready is not None:
@@ -146,12 +170,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--delay-ms", type=float, required=True, help="added delay per direction (RTT/2)")
     parser.add_argument("--route", action="append", default=[], help="upstream host:port (loopback)")
+    parser.add_argument("--timestamps", help="append accept/first-byte times here (see above)")
     args = parser.parse_args(argv)
     routes = [Route(*parse_route(spec)) for spec in args.route]
+    log = open(args.timestamps, "a") if args.timestamps else None  # noqa: SIM115  (open for the run)
 
     async def run() -> None:
         ready = asyncio.Event()
-        task = asyncio.ensure_future(serve(routes, args.delay_ms / 1000, ready))
+        task = asyncio.ensure_future(serve(routes, args.delay_ms / 1000, ready, log))
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, task.cancel)

@@ -130,6 +130,7 @@ class Fleet:
         self._passwords: dict[str, str] = {}  # become_password reference -> its value
         self._slots_lock = threading.Lock()
         self._interrupted = threading.Event()
+        self._dialler: ThreadPoolExecutor | None = None  # start_connecting's threads
         with _live_fleets_lock:
             _live_fleets.add(self)
 
@@ -198,9 +199,39 @@ class Fleet:
             return slot.connection
 
     def _connect_ssh(self, settings: SSHSettings) -> NodeConnection:
-        from fleetfix.transport import ssh  # deferred: paramiko is slow to import
+        # Dial first, then import paramiko (~60-90 ms, the first time) while the TCP handshake, our
+        # identification line and the server's answer travel: see transport/dial.py.
+        from fleetfix.transport.dial import dial, take
 
-        return ssh.connect(settings, max_channels=self.channels_per_node, max_output=self.max_output)
+        dialled = None if settings.jump_host else (take(settings) or dial(settings))
+        try:
+            from fleetfix.transport import ssh  # deferred: paramiko is slow to import
+        except BaseException:
+            if dialled is not None:
+                dialled.close()
+            raise
+        return ssh.connect(settings, max_channels=self.channels_per_node, max_output=self.max_output,
+                           dialled=dialled)
+
+    def start_connecting(self, targets: Sequence[Target]) -> None:
+        """Open the targets' node connections in the background now (at most `forks` at once); `map` then
+        finds them open or opening. A command calls this as soon as it knows its targets, before importing
+        what it needs afterwards (the probe's models and rules, rich, ...): those imports then overlap the
+        round trips of the SSH handshakes instead of preceding them (issue 21). A failure is kept in the
+        node's slot and reported by `map`, as if it had connected there."""
+        nodes = {_node_key(t): t.node.ssh for t in targets if t.node.ssh is not None}
+        if not nodes or self._interrupted.is_set():
+            return
+        with self._slots_lock:
+            if self._dialler is None:
+                self._dialler = ThreadPoolExecutor(min(self.forks, len(nodes)), thread_name_prefix="dial")
+            dialler = self._dialler
+        for settings in nodes.values():
+            dialler.submit(self._connect_quietly, settings)
+
+    def _connect_quietly(self, settings: SSHSettings) -> None:
+        with contextlib.suppress(FleetfixError):  # kept in the slot: map reports it per target
+            self._connection(settings)
 
     # -- running --------------------------------------------------------------------------------------
 
@@ -273,6 +304,10 @@ class Fleet:
         """Close every node connection (the next use reconnects)."""
         with _live_fleets_lock:
             _live_fleets.discard(self)
+        with self._slots_lock:
+            dialler, self._dialler = self._dialler, None
+        if dialler is not None:  # connections still being opened land in their slots first
+            dialler.shutdown(wait=True, cancel_futures=True)
         with self._slots_lock:
             slots, self._slots = list(self._slots.values()), {}
         for slot in slots:

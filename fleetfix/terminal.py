@@ -42,6 +42,14 @@ def has_control(text: str) -> bool:
 def _sanitise(text: str, kept: str) -> str:
     if text.isprintable():  # the common case: nothing to do
         return text
+    # Multi-line text (a whole report) is never isprintable(): without the kept characters it usually is.
+    # Checked in C, this spares the per-character walk below: `audit show` of 10,000 targets spent ~3 s
+    # of its ~4 s there (issue 21).
+    rest = text
+    for char in kept:
+        rest = rest.replace(char, "")
+    if rest.isprintable():
+        return text
     return "".join(char if char in kept or not _unsafe(char) else _escape(char) for char in text)
 
 

@@ -115,16 +115,17 @@ class AuditHistory:
 
 
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None,
-               trend_runs: int = TREND_RUNS) -> AuditRun:
+               trend_runs: int = TREND_RUNS, facts: bool = True) -> AuditRun:
     """A stored run with its drift against `baseline` (default: the audit run it remediated, for a
     re-probe run; else each target's own last result in a complete run, `per_target_baseline`), and its
-    history: the trend of the last `trend_runs` runs and since when each finding has been seen (two
-    indexed queries, cheap at any history size)."""
-    run = store.load(run_id)
+    history: the trend of the last `trend_runs` runs and since when each finding has been seen (indexed
+    queries, cheap at any history size). facts=False: the results without their facts (what the text
+    report needs; decoding facts is most of the cost of loading 10,000 targets)."""
+    run = store.load(run_id, facts=facts)
     history = History(trend=tuple(store.trend(run_id, limit=trend_runs)), since=store.since(run_id))
     base_id = baseline if baseline is not None else run.info.parent
     if base_id is not None:
-        return AuditRun(run, compute_drift(store.load(base_id), run), history)
+        return AuditRun(run, compute_drift(store.load(base_id, facts=False), run), history)
     newest = store.previous_complete(run_id)
     previous = None if newest is None else per_target_baseline(store, run, newest)
     return AuditRun(run, compute_drift(previous, run), history)
@@ -140,17 +141,17 @@ def per_target_baseline(store: AuditStore, run: StoredRun, newest: int) -> Store
     so a narrower audit in between (`--limit`) is never the baseline of targets it left out (issue 18:
     their regressions vanished from the next drift report). A target counts as vanished only when the
     newest complete run looked at the same scope and had it. Reported as a comparison with that newest
-    run."""
-    latest = store.latest_complete_runs(run.info.id)
-    wanted: dict[int, set[str]] = {}
-    for result in run.targets:
-        if result.target in latest:
-            wanted.setdefault(latest[result.target], set()).add(result.target)
-    newest_run = store.load(newest)
-    results: dict[str, TargetResult] = {}
-    for run_id, names in wanted.items():
-        loaded = newest_run if run_id == newest else store.load(run_id)
-        results.update((r.target, r) for r in loaded.targets if r.target in names)
+    run. Facts are not loaded: drift compares findings and reachability.
+
+    Cost (issue 21): the newest complete run is read once, and a target it does not hold is looked up on
+    its own (an index walk backwards), never the whole history and never whole older runs."""
+    newest_run = store.load(newest, facts=False)
+    in_newest = {result.target: result for result in newest_run.targets}
+    results = {result.target: in_newest[result.target]
+               for result in run.targets if result.target in in_newest}
+    elsewhere = store.latest_complete_runs(
+        run.info.id, [result.target for result in run.targets if result.target not in in_newest])
+    results.update((result.target, result) for result in store.results_at(elsewhere))
     if run_scope(newest_run.info.args) == run_scope(run.info.args):
         for result in newest_run.targets:
             results.setdefault(result.target, result)
@@ -174,20 +175,23 @@ def _probe_into(
         if on_progress:
             on_progress(report)
 
-    probe_targets(fleet, prepared, deep=deep, on_done=on_done)
+    probe_targets(fleet, prepared, deep=deep, on_done=on_done, keep_facts=False)  # committed in on_done
 
 
 def run_audit(
     fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore, deep: bool = False,
     on_progress: Callable[[TargetReport], None] | None = None, args: Mapping[str, Any] | None = None,
+    facts: bool = True,
 ) -> AuditRun:
     """Probe targets, judge each result by the policy and commit it as it arrives; then mark the run
-    complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept."""
+    complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept.
+    Returns the run as stored (load_audit; facts=False: without the targets' facts, for reports that do
+    not show them)."""
     run_id = store.start_run({**(args or {}), "policy": policy.source, "deep": deep})
     _probe_into(run_id, fleet, targets, policy=policy, store=store, deep=deep, on_progress=on_progress)
     if not fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline
         store.finish_run(run_id, finished=time.time())
-    return load_audit(store, run_id)
+    return load_audit(store, run_id, facts=facts)
 
 
 def remediate_audit(

@@ -80,6 +80,7 @@ class RunInfo:
     unreachable_count: int = 0  # targets not probed (unreachable or failed)
     parent: int | None = None  # for a remediation's re-probe run: the audit run it remediated
     remediation: dict[str, Any] | None = None  # Remediation.to_json() of the remediation this run shows
+    pruned: float | None = None  # when its results were pruned (AuditStore.prune); only this row is left
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -1,19 +1,20 @@
-"""Audit history in SQLite: one row per run, per target result, per finding.
+"""Audit history in SQLite: one row per run, a small row per target result, facts and findings stored
+once per change (the layout, and why: fleetfix.audit.layout).
 
-Durability model: a run row is inserted as `incomplete` when the audit starts; each target's result (its
-row and its findings) is one transaction, committed as the result arrives; the run becomes `complete`
-only at the end. So a killed audit leaves a consistent database whose run says `incomplete` and keeps
-every target that had finished. WAL mode lets `audit history` read while an audit writes, and a process
-killed mid-write leaves the WAL to be recovered by the next open.
-
-Schema changes go in MIGRATIONS: entry N turns a version N-1 database into version N (`PRAGMA
-user_version`), each in its own transaction, so an old database is upgraded in place on open.
+Durability model: a run row is inserted as `incomplete` when the audit starts; each target's result is one
+transaction, committed as the result arrives; the run becomes `complete` only at the end. So a killed audit
+leaves a consistent database whose run says `incomplete` and keeps every target that had finished. WAL mode
+lets `audit history` read while an audit writes, and a process killed mid-write leaves the WAL to be
+recovered by the next open.
 
 The dashboard's history (the trend of the last N runs, since when each target has shown each finding code)
-must stay cheap at 10,000 targets x 365 runs. So "since" is not searched for at read time (that would walk
-every target's whole history); it is carried forward at write time: a finding row's `since` is the `since`
-of the same code in the target's previous result, or the start of its own run when the code is new. One
-indexed lookup per recorded target; reading it back is one range scan of the run.
+must stay cheap at 10,000 targets x 365 runs: a finished run keeps its health counts in its row (the trend
+and `audit history` read no results), and since is carried forward at write time into the result's state
+(one or two index seeks per recorded target; reading it back is one range scan of the run).
+
+Retention (`prune`): results older than a cutoff are deleted, except each target's newest result, newest
+probed result and newest result in a complete run, which drift, since and staleness go on from; the run
+rows stay, with their counts, so `audit history` and the trend still show them.
 """
 
 from __future__ import annotations
@@ -24,12 +25,29 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from fleetfix.audit.layout import (
+    MIGRATIONS,
+    PROBED_HEALTHS,
+    SCHEMA_VERSION,
+    State,
+    blob,
+    carry_since,
+    dumps,
+    facts_rows,
+    health_counts,
+    intern_blob,
+    migrate,
+    previous,
+    rebuild_facts,
+    upsert_target,
+)
 from fleetfix.audit.model import RunInfo, StoredRun, TargetResult, TrendPoint
 from fleetfix.errors import ConfigError, StoreError
 from fleetfix.paths import default_state_dir, private_dir, private_file
@@ -37,94 +55,9 @@ from fleetfix.probe import Finding
 
 DB_ENV = "FLEETFIX_AUDIT_DB"
 DB_FILE = "audit.db"
+DAY = 86400.0
 
-# How a finding's `since` is carried forward (see the module docstring). The target's previous result is
-# its newest earlier *probed* result when this one was probed (a night it was unreachable does not end a
-# streak: its problem did not go away), else its newest earlier result of any kind (STALE_AUDIT is raised
-# on unprobed targets). Appended to: a WHERE clause choosing the rows of `findings` to fill in.
-_SINCE_UPDATE = """
-UPDATE findings SET since = COALESCE(
-    (SELECT MIN(p.since) FROM findings p
-      WHERE p.run = (
-        CASE (SELECT c.status FROM target_results c WHERE c.run = findings.run AND c.target = findings.target)
-        WHEN 'ok' THEN (SELECT MAX(t.run) FROM target_results t
-                         WHERE t.target = findings.target AND t.status = 'ok' AND t.run < findings.run)
-        ELSE (SELECT MAX(t.run) FROM target_results t
-               WHERE t.target = findings.target AND t.run < findings.run)
-        END)
-      -- unary + keeps the planner on the primary key (run, target): findings_by_code (code, run)
-      -- would scan every target of that run with the code
-      AND p.target = findings.target AND +p.code = findings.code),
-    (SELECT r.started FROM runs r WHERE r.id = findings.run))
-"""
-
-Migration = str | Callable[[sqlite3.Connection], None]
-
-
-def _backfill_since(conn: sqlite3.Connection) -> None:
-    """Fill in `since` for the findings recorded before v4, run by run in order (each run reads the one
-    before it): once, when an old database is opened, one statement per run."""
-    for (run_id,) in conn.execute("SELECT id FROM runs ORDER BY id").fetchall():
-        conn.execute(_SINCE_UPDATE + " WHERE run = ?", (run_id,))
-
-
-# MIGRATIONS[n - 1] upgrades version n - 1 to n. Never edit an entry once released: append a new one.
-# An entry is SQL statements, or a function for a data migration SQL alone cannot express.
-MIGRATIONS: tuple[tuple[Migration, ...], ...] = (
-    (  # 1: the tables
-        """CREATE TABLE runs (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            started REAL NOT NULL,
-            finished REAL,
-            status TEXT NOT NULL CHECK (status IN ('complete', 'incomplete')),
-            args TEXT NOT NULL DEFAULT '{}',
-            duration REAL
-        )""",
-        """CREATE TABLE target_results (
-            run INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
-            target TEXT NOT NULL,
-            node TEXT NOT NULL,
-            ctid INTEGER,
-            status TEXT NOT NULL,
-            health TEXT NOT NULL,
-            error TEXT,
-            duration REAL NOT NULL DEFAULT 0,
-            facts TEXT,
-            PRIMARY KEY (run, target)
-        )""",
-        """CREATE TABLE findings (
-            run INTEGER NOT NULL,
-            target TEXT NOT NULL,
-            seq INTEGER NOT NULL,
-            code TEXT NOT NULL,
-            severity TEXT NOT NULL,
-            summary TEXT NOT NULL,
-            evidence TEXT NOT NULL DEFAULT '{}',
-            fix TEXT NOT NULL DEFAULT '{}',
-            PRIMARY KEY (run, target, seq),
-            FOREIGN KEY (run, target) REFERENCES target_results(run, target) ON DELETE CASCADE
-        )""",
-    ),
-    (  # 2: codes the policy ignored, per target; an index for "since when has this code been seen"
-        "ALTER TABLE target_results ADD COLUMN ignored TEXT NOT NULL DEFAULT '[]'",
-        "CREATE INDEX findings_by_code ON findings(code, run)",
-    ),
-    (  # 3: `audit --remediate`: the re-probe run links to the audit run it remediated; what was done
-        "ALTER TABLE runs ADD COLUMN parent INTEGER REFERENCES runs(id)",
-        "ALTER TABLE runs ADD COLUMN remediation TEXT",
-        "CREATE INDEX target_results_by_target ON target_results(target, status)",
-    ),
-    (  # 4: the dashboard's history: since when a target has shown a finding code; health counts per run
-        "ALTER TABLE findings ADD COLUMN since REAL",
-        "ALTER TABLE target_results ADD COLUMN node_facts TEXT",  # the host driver, for the version matrix
-        # the target's previous (probed) result: one seek, where (target, status) alone scans its history
-        "CREATE INDEX target_results_by_target_run ON target_results(target, status, run)",
-        # the trend counts health per run from the index alone, never reading the facts-heavy rows
-        "CREATE INDEX target_results_by_run_health ON target_results(run, health)",
-        _backfill_since,
-    ),
-)
-SCHEMA_VERSION = len(MIGRATIONS)
+__all__ = ["DB_ENV", "MIGRATIONS", "SCHEMA_VERSION", "AuditStore", "Pruned", "default_db_path", "migrate"]
 
 
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -133,27 +66,6 @@ def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
     if env.get(DB_ENV):
         return Path(env[DB_ENV])
     return default_state_dir(env) / DB_FILE
-
-
-def migrate(conn: sqlite3.Connection, *, target_version: int = SCHEMA_VERSION) -> int:
-    """Bring the schema up to target_version; returns the version found. Refuses a newer database."""
-    found = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    if found > SCHEMA_VERSION:
-        raise ConfigError(f"audit database schema v{found} is newer than this fleetfix (v{SCHEMA_VERSION})")
-    for version in range(found + 1, target_version + 1):
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in MIGRATIONS[version - 1]:
-                if isinstance(statement, str):
-                    conn.execute(statement)
-                else:
-                    statement(conn)
-            conn.execute(f"PRAGMA user_version = {version:d}")  # PRAGMA takes no parameters
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
-    return found
 
 
 def describe_failure(path: Path, error: sqlite3.Error) -> StoreError:
@@ -256,171 +168,304 @@ class AuditStore:
 
     @_guarded
     def record_target(self, run_id: int, result: TargetResult) -> None:
-        """One target's result and findings, in one transaction, committed before returning."""
+        """One target's result, in one transaction, committed before returning."""
+        self.record_targets(run_id, (result,))
+
+    @_guarded
+    def record_targets(self, run_id: int, results: Iterable[TargetResult]) -> None:
+        """Several results in one transaction: for results that are all at hand at once (a remediation's
+        carried-over targets, an import, the benchmarks' synthetic history). An audit records each result
+        as it arrives (record_target), so a kill loses none that had finished."""
         with self._lock:
+            started = self._started(run_id)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                self._conn.execute(
-                    "INSERT OR REPLACE INTO target_results (run, target, node, ctid, status, health, error,"
-                    " duration, facts, ignored, node_facts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (run_id, result.target, result.node, result.ctid, result.status, result.health,
-                     result.error, result.duration,
-                     None if result.facts is None else json.dumps(result.facts),
-                     json.dumps(list(result.ignored)),
-                     None if result.node_facts is None else json.dumps(result.node_facts)),
-                )
-                self._conn.executemany(
-                    "INSERT INTO findings (run, target, seq, code, severity, summary, evidence, fix)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(run_id, result.target, seq, f.code, f.severity.value, f.summary,
-                      json.dumps(f.model_dump(mode="json")["evidence"]),
-                      json.dumps(f.fix.model_dump(mode="json")))
-                     for seq, f in enumerate(result.findings)],
-                )
-                if result.findings:
-                    self._conn.execute(_SINCE_UPDATE + " WHERE run = ? AND target = ?",
-                                       (run_id, result.target))
+                for result in results:
+                    self._write(run_id, started, result)
+                # the run's stored counts (set when it finished) no longer hold: count again when asked
+                self._conn.execute("UPDATE runs SET counts = NULL WHERE id = ? AND counts IS NOT NULL",
+                                   (run_id,))
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
+    def _started(self, run_id: int) -> float:
+        row = self._conn.execute("SELECT started FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise ConfigError(f"run {run_id} not found", path=str(self.path))
+        return float(row[0])
+
+    def _write(self, run_id: int, started: float, result: TargetResult) -> None:
+        conn = self._conn
+        probed = result.status == "ok"
+        target_id = upsert_target(conn, result.target, started, probed)
+        before = previous(conn, target_id, run_id, probed=probed)
+        facts, delta = facts_rows(conn, result.facts, before.facts)
+        findings = [finding.model_dump(mode="json") for finding in result.findings]
+        state = State(
+            node=result.node, ctid=result.ctid, status=result.status, health=result.health,
+            error=result.error,
+            facts=facts,
+            node_facts=None if result.node_facts is None else intern_blob(conn, result.node_facts),
+            findings=intern_blob(conn, findings) if findings else None,
+            ignored=dumps(list(result.ignored)),
+            since=carry_since([finding.code for finding in result.findings], before.since, started),
+        )
+        conn.execute(
+            "INSERT OR REPLACE INTO target_results (run, target, state, duration, delta)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (run_id, target_id, state.intern(conn), float(result.duration), delta))
+
     @_guarded
     def finish_run(self, run_id: int, *, finished: float | None = None) -> None:
+        """Mark the run complete, keeping its health counts in its row (history and trend read those)."""
         with self._lock:
             end = time.time() if finished is None else finished
-            self._conn.execute(
-                "UPDATE runs SET status = 'complete', finished = ?, duration = ? - started WHERE id = ?",
-                (end, end, run_id),
-            )
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute(
+                    "UPDATE runs SET status = 'complete', finished = ?, duration = ? - started, counts = ?"
+                    " WHERE id = ?", (end, end, dumps(health_counts(self._conn, run_id)), run_id),
+                )
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    # -- retention -------------------------------------------------------------------------------------
+
+    @_guarded
+    def prune(self, *, keep_days: float, now: float | None = None) -> Pruned:
+        """Delete the results of runs started more than keep_days ago, except what later runs go on from:
+        each target's newest result, newest probed result and newest result in a complete run (drift's
+        baseline, since, staleness). The newest complete run, anything after it and the audit run a kept
+        re-probe run remediated are never pruned. Run rows stay (marked pruned, their counts kept), then
+        states and blobs no result uses any more are deleted. The file keeps its size (SQLite reuses the
+        free pages for the next runs) unless vacuum() is called."""
+        cutoff = (time.time() if now is None else now) - keep_days * DAY
+        with self._lock:
+            conn = self._conn
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                newest = conn.execute("SELECT MAX(id) FROM runs WHERE status = 'complete'").fetchone()[0]
+                old = [int(run) for (run,) in conn.execute(
+                    "SELECT id FROM runs WHERE started < ? AND id < ? AND pruned IS NULL"
+                    " AND id NOT IN (SELECT parent FROM runs WHERE parent IS NOT NULL AND started >= ?)"
+                    " ORDER BY id", (cutoff, newest if newest is not None else -1, cutoff))]
+                rows = 0
+                if old:
+                    conn.execute("CREATE TEMP TABLE IF NOT EXISTS keep (target INTEGER, run INTEGER,"
+                                 " PRIMARY KEY (target, run)) WITHOUT ROWID")
+                    conn.execute("DELETE FROM keep")
+                    conn.execute(_KEEPERS)
+                    for run_id in old:
+                        rows += conn.execute(
+                            "DELETE FROM target_results WHERE run = ? AND NOT EXISTS (SELECT 1 FROM keep k"
+                            " WHERE k.target = target_results.target AND k.run = target_results.run)",
+                            (run_id,)).rowcount
+                    conn.executemany("UPDATE runs SET pruned = ? WHERE id = ?",
+                                     [(cutoff + keep_days * DAY, run_id) for run_id in old])
+                    conn.execute("DELETE FROM keep")
+                states = conn.execute(
+                    "DELETE FROM states WHERE id NOT IN (SELECT state FROM target_results)").rowcount
+                blobs = conn.execute(
+                    "DELETE FROM blobs WHERE id NOT IN (SELECT facts FROM states WHERE facts IS NOT NULL"
+                    " UNION SELECT node_facts FROM states WHERE node_facts IS NOT NULL"
+                    " UNION SELECT findings FROM states WHERE findings IS NOT NULL)").rowcount
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        return Pruned(runs=len(old), results=rows, states=states, blobs=blobs)
+
+    @_guarded
+    def vacuum(self) -> None:
+        """Give the free pages back to the file system (rewrites the whole file: run it after a prune)."""
+        with self._lock:
+            self._conn.execute("VACUUM")
 
     # -- reading ---------------------------------------------------------------------------------------
 
     @_guarded
     def runs(self, *, limit: int | None = None) -> list[RunInfo]:
         """Runs, newest first, with per-run counts."""
-        query = (
-            f"SELECT {_RUN_COLUMNS}"
-            " FROM runs r LEFT JOIN target_results t ON t.run = r.id GROUP BY r.id ORDER BY r.id DESC"
-        )
+        query = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC"
         params: tuple[int, ...] = ()
         if limit is not None:
             query += " LIMIT ?"
             params = (limit,)
         with self._lock:
             rows = self._conn.execute(query, params).fetchall()
-        return [_run_info(row) for row in rows]
+            return [self._run_info(row) for row in rows]
 
     @_guarded
     def resolve(self, ref: str) -> int:
         """A run id from what a user typed: a number, or "last" / "latest" (newest run)."""
         if ref in ("last", "latest"):
-            newest = self.runs(limit=1)
-            if not newest:
+            with self._lock:
+                row = self._conn.execute("SELECT MAX(id) FROM runs").fetchone()
+            if row is None or row[0] is None:
                 raise ConfigError("no audit runs recorded yet", path=str(self.path))
-            return newest[0].id
+            return int(row[0])
         if not ref.isdigit():
             raise ConfigError(f"run {ref!r}: expected a run number or 'last'")
         return int(ref)
 
     @_guarded
-    def load(self, run_id: int) -> StoredRun:
+    def info(self, run_id: int) -> RunInfo:
         with self._lock:
-            info = [_run_info(row) for row in self._conn.execute(
-                f"SELECT {_RUN_COLUMNS}"
-                " FROM runs r LEFT JOIN target_results t ON t.run = r.id WHERE r.id = ? GROUP BY r.id",
-                (run_id,),
-            )]
-            if not info:
+            row = self._conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
                 raise ConfigError(f"run {run_id} not found", path=str(self.path))
-            targets = self._conn.execute(
-                "SELECT target, node, ctid, status, error, duration, facts, ignored, node_facts"
-                " FROM target_results"
-                " WHERE run = ? ORDER BY target", (run_id,),
-            ).fetchall()
-            findings: dict[str, list[Finding]] = {}
-            for target, code, severity, summary, evidence, fix in self._conn.execute(
-                "SELECT target, code, severity, summary, evidence, fix FROM findings WHERE run = ?"
-                " ORDER BY target, seq", (run_id,),
-            ):
-                findings.setdefault(target, []).append(Finding.model_validate({
-                    "code": code, "severity": severity, "summary": summary,
-                    "evidence": json.loads(evidence), "fix": json.loads(fix),
-                }))
-        results = tuple(
-            TargetResult(target=name, node=node, ctid=ctid, status=status, error=error,
-                         findings=tuple(findings.get(name, ())), duration=duration or 0.0,
-                         facts=None if facts is None else json.loads(facts),
-                         ignored=tuple(json.loads(ignored)),
-                         node_facts=None if node_facts is None else json.loads(node_facts))
-            for name, node, ctid, status, error, duration, facts, ignored, node_facts in targets
-        )
-        return StoredRun(info[0], results)
+            return self._run_info(row)
+
+    @_guarded
+    def load(self, run_id: int, *, facts: bool = True) -> StoredRun:
+        """A run and every target's result, by target name. facts=False leaves facts out (None): drift
+        and the text report do not read them, and decoding them is most of the cost at 10,000 targets."""
+        info = self.info(run_id)
+        if info.pruned is not None:
+            day = time.strftime("%Y-%m-%d", time.localtime(info.pruned))
+            raise ConfigError(f"run {run_id} was pruned on {day}: only its summary is kept (`audit history`)",
+                              path=str(self.path))
+        with self._lock:
+            rows = self._conn.execute(
+                f"SELECT {_RESULT_COLUMNS} FROM target_results t JOIN targets n ON n.id = t.target"
+                " JOIN states s ON s.id = t.state WHERE t.run = ?", (run_id,)).fetchall()
+            results = self._results(rows, facts=facts)
+        return StoredRun(info, tuple(sorted(results, key=lambda result: result.target)))
+
+    @_guarded
+    def results_at(self, wanted: Mapping[str, int], *, facts: bool = False) -> list[TargetResult]:
+        """The result of each target in the run given for it (pruned runs included: they keep what
+        later runs go on from)."""
+        rows = []
+        with self._lock:
+            for name, run_id in wanted.items():
+                rows += self._conn.execute(
+                    f"SELECT {_RESULT_COLUMNS} FROM targets n JOIN target_results t ON t.target = n.id"
+                    " JOIN states s ON s.id = t.state WHERE n.name = ? AND t.run = ?",
+                    (name, run_id)).fetchall()
+            return self._results(rows, facts=facts)
+
+    def _results(self, rows: Sequence[Sequence[Any]], *, facts: bool) -> list[TargetResult]:
+        """Rows of _RESULT_COLUMNS as results. Each blob is decoded once per call: a findings list is
+        shared by every target showing the same findings (Finding is immutable), a facts base by every
+        result of its target (the delta copies what it changes)."""
+        documents: dict[int, Any] = {}
+        findings: dict[int, tuple[Finding, ...]] = {}
+
+        def document(blob_id: int | None) -> Any:
+            if blob_id is None:
+                return None
+            if blob_id not in documents:
+                documents[blob_id] = blob(self._conn, blob_id)
+            return documents[blob_id]
+
+        def finding_list(blob_id: int | None) -> tuple[Finding, ...]:
+            if blob_id is None:
+                return ()
+            if blob_id not in findings:
+                findings[blob_id] = tuple(Finding.model_validate(item) for item in blob(self._conn, blob_id))
+            return findings[blob_id]
+
+        return [
+            TargetResult(
+                target=name, node=node, ctid=ctid, status=status, error=error,
+                findings=finding_list(findings_id), duration=duration,
+                facts=rebuild_facts(document(facts_id), delta) if facts else None,
+                ignored=tuple(json.loads(ignored)), node_facts=document(node_facts_id),
+            )
+            for (name, node, ctid, status, error, duration, facts_id, delta, ignored, node_facts_id,
+                 findings_id) in rows
+        ]
 
     @_guarded
     def previous_complete(self, run_id: int) -> int | None:
-        """The newest complete run before run_id: the baseline drift is measured against."""
+        """The newest complete run before run_id: the baseline drift is measured against. A pruned run
+        is no baseline (its results are gone): for an old run shown again, drift is then measured against
+        the newest complete run before it that is still whole (a new run's never is: prune keeps it)."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete'", (run_id,)
+                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete' AND pruned IS NULL", (run_id,)
             ).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     @_guarded
-    def latest_complete_runs(self, before: int) -> dict[str, int]:
-        """Each target's newest complete run before `before` (drift's per-target baseline)."""
+    def latest_complete_runs(self, before: int, targets: Iterable[str]) -> dict[str, int]:
+        """Each of these targets' newest complete run before `before` (drift's per-target baseline): one
+        index walk per target, backwards from `before`, usually one step."""
+        found: dict[str, int] = {}
         with self._lock:
-            rows = self._conn.execute(
-                "SELECT t.target, MAX(t.run) FROM target_results t JOIN runs r ON r.id = t.run"
-                " WHERE r.status = 'complete' AND t.run < ? GROUP BY t.target", (before,)).fetchall()
-        return {str(target): int(run) for target, run in rows}
+            for name in targets:
+                row = self._conn.execute(
+                    "SELECT t.run FROM targets n JOIN target_results t ON t.target = n.id"
+                    " JOIN runs r ON r.id = t.run WHERE n.name = ? AND t.run < ? AND r.status = 'complete'"
+                    " ORDER BY t.run DESC LIMIT 1", (name, before)).fetchone()
+                if row is not None:
+                    found[name] = int(row[0])
+        return found
 
     @_guarded
     def last_probed(self, target: str) -> float | None:
         """When `target` was last probed successfully (the start of that run), in any run: a result
         committed as `ok` is a real observation even if its run was later killed."""
-        return self._scalar(
-            "SELECT MAX(r.started) FROM runs r JOIN target_results t ON t.run = r.id"
-            " WHERE t.target = ? AND t.status = 'ok'", target)
+        return self._scalar("SELECT last_probed FROM targets WHERE name = ?", target)
 
     @_guarded
     def first_seen(self, target: str) -> float | None:
         """When `target` first appears in the history at all (probed or not)."""
-        return self._scalar(
-            "SELECT MIN(r.started) FROM runs r JOIN target_results t ON t.run = r.id WHERE t.target = ?",
-            target)
+        return self._scalar("SELECT first_seen FROM targets WHERE name = ?", target)
 
+    @_guarded
     def since(self, run_id: int) -> dict[tuple[str, str], float]:
         """(target, finding code) -> since when the target has shown that code without a break (the start
-        of the first run of the streak), for every finding of run_id. See the module docstring."""
+        of the first run of the streak), for every finding of run_id. See fleetfix.audit.layout."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT target, code, MIN(since) FROM findings WHERE run = ? AND since IS NOT NULL"
-                " GROUP BY target, code", (run_id,),
-            ).fetchall()
-        return {(target, code): float(since) for target, code, since in rows}
+                "SELECT n.name, s.since FROM target_results t JOIN targets n ON n.id = t.target"
+                " JOIN states s ON s.id = t.state WHERE t.run = ? AND s.since != '{}'", (run_id,)).fetchall()
+        return {(name, code): float(since) for name, text in rows for code, since in json.loads(text).items()}
 
+    @_guarded
     def trend(self, run_id: int, *, limit: int) -> list[TrendPoint]:
         """Targets per health in the last `limit` complete runs up to run_id (and run_id itself, complete or
         not), oldest first. Incomplete runs are left out: a killed audit's few targets read as a dip."""
         with self._lock:
             runs = self._conn.execute(
-                "SELECT id, started, status, parent FROM runs"
+                "SELECT id, started, status, parent, counts FROM runs"
                 " WHERE id <= ? AND (status = 'complete' OR id = ?) ORDER BY id DESC LIMIT ?",
                 (run_id, run_id, limit),
             ).fetchall()
-            counts: dict[int, dict[str, int]] = {row[0]: {} for row in runs}
-            if runs:
-                oldest = min(counts)
-                for run, health, count in self._conn.execute(
-                    "SELECT run, health, COUNT(*) FROM target_results WHERE run BETWEEN ? AND ?"
-                    " GROUP BY run, health", (oldest, run_id),
-                ):
-                    if run in counts:
-                        counts[run][health] = int(count)
-        return [TrendPoint(run=int(run), started=float(started), status=status,
-                           parent=None if parent is None else int(parent), counts=counts[run])
-                for run, started, status, parent in reversed(runs)]
+            points = [TrendPoint(run=int(run), started=float(started), status=status,
+                                 parent=None if parent is None else int(parent),
+                                 counts=self._counts(int(run), counts))
+                      for run, started, status, parent, counts in reversed(runs)]
+        return points
+
+    def _counts(self, run_id: int, stored: str | None) -> dict[str, int]:
+        """A run's targets per health: as stored when it finished, else counted now (with the lock held)."""
+        if stored is not None:
+            counts: dict[str, int] = json.loads(stored)
+            return counts
+        return health_counts(self._conn, run_id)
+
+    def _run_info(self, row: Sequence[Any]) -> RunInfo:
+        (run_id, started, finished, status, args, duration, parent, remediation, counts_text,
+         pruned) = row
+        counts = self._counts(int(run_id), counts_text)
+        total = sum(counts.values())
+        return RunInfo(
+            id=int(run_id), started=float(started), finished=finished, status=status,
+            args=json.loads(args or "{}"), duration=duration, target_count=total,
+            error_count=counts.get("error", 0),
+            # not probed: every health that is not a probed one is the status itself (unreachable, failed)
+            unreachable_count=total - sum(counts.get(health, 0) for health in PROBED_HEALTHS),
+            parent=None if parent is None else int(parent),
+            remediation=None if remediation is None else json.loads(remediation),
+            pruned=pruned,
+        )
 
     def _scalar(self, query: str, *params: Any) -> float | None:
         with self._lock:
@@ -442,18 +487,31 @@ class AuditStore:
         self.close()
 
 
-_RUN_COLUMNS = (
-    "r.id, r.started, r.finished, r.status, r.args, r.duration, r.parent, r.remediation, COUNT(t.target),"
-    " COALESCE(SUM(t.health = 'error'), 0), COALESCE(SUM(t.status != 'ok'), 0)"
-)
+_RUN_COLUMNS = "id, started, finished, status, args, duration, parent, remediation, counts, pruned"
+_RESULT_COLUMNS = ("n.name, s.node, s.ctid, s.status, s.error, t.duration, s.facts, t.delta, s.ignored,"
+                   " s.node_facts, s.findings")
+
+# Per target, the results later runs go on from (see prune): its newest, its newest probed, its newest in
+# a complete run. Each is a walk backwards on target_results_by_target, one per target.
+_KEEPERS = """
+INSERT OR IGNORE INTO keep (target, run)
+SELECT id, (SELECT t.run FROM target_results t WHERE t.target = n.id ORDER BY t.run DESC LIMIT 1)
+  FROM targets n
+UNION
+SELECT id, (SELECT t.run FROM target_results t JOIN states s ON s.id = t.state
+             WHERE t.target = n.id AND s.status = 'ok' ORDER BY t.run DESC LIMIT 1) FROM targets n
+UNION
+SELECT id, (SELECT t.run FROM target_results t JOIN runs r ON r.id = t.run
+             WHERE t.target = n.id AND r.status = 'complete' ORDER BY t.run DESC LIMIT 1) FROM targets n
+"""
 
 
-def _run_info(row: Sequence[Any]) -> RunInfo:
-    run_id, started, finished, status, args, duration, parent, remediation, count, errors, unreachable = row
-    return RunInfo(
-        id=int(run_id), started=float(started), finished=finished, status=status,
-        args=json.loads(args or "{}"), duration=duration, target_count=int(count),
-        error_count=int(errors), unreachable_count=int(unreachable),
-        parent=None if parent is None else int(parent),
-        remediation=None if remediation is None else json.loads(remediation),
-    )
+@dataclass(frozen=True)
+class Pruned:
+    """What a prune deleted."""
+
+    runs: int  # runs whose results were pruned (their rows stay, with their counts)
+    results: int
+    states: int
+    blobs: int
+

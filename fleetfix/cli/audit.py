@@ -66,6 +66,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
       fleetfix audit history
       fleetfix audit show last --html report.html
       fleetfix audit diff 41 42
+      fleetfix audit prune --keep-days 90
     """
     if ctx.invoked_subcommand is not None:
         return None
@@ -97,9 +98,12 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     db_path = Path(db) if db else default_db_path()
     # One audit per history at a time (fleetfix.audit.lock): a second one exits instead of interleaving.
     with exclusive_audit(db_path), AuditStore(db_path) as store, fleet_options.open() as fleet:
+        fleet.start_connecting(resolved)  # the handshakes overlap the rest of the set-up
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
+            # A remediation records the audit's results again (its re-probe run): with their facts.
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
-                            on_progress=progress.advance, args=args)
+                            on_progress=progress.advance, args=args,
+                            facts=report.shows_facts or playbook is not None)
         if playbook is None or remediate_path is None:
             report.emit(run)
             return run.exit_code
@@ -142,7 +146,7 @@ def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findi
     from fleetfix.audit import load_audit
 
     with _store(db, readonly=True) as store:
-        run = load_audit(store, store.resolve(run_ref))
+        run = load_audit(store, store.resolve(run_ref), facts=report.shows_facts)
     report.emit(run, verbose=verbose_findings)
 
 
@@ -157,5 +161,40 @@ def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice)
     from fleetfix.audit.drift import compute_drift
 
     with _store(db, readonly=True) as store:
-        old, new = store.load(store.resolve(old_ref)), store.load(store.resolve(new_ref))
+        # Drift compares findings and reachability, never facts: decoding two runs' facts was ~4 s of a
+        # 10,000-target diff (issue 21).
+        old = store.load(store.resolve(old_ref), facts=False)
+        new = store.load(store.resolve(new_ref), facts=False)
     report.emit(compute_drift(old, new))
+
+
+@audit_group.command("prune")
+@_DB
+@click.option("--keep-days", type=click.FloatRange(min=1), required=True, metavar="DAYS",
+              help="Keep the results of the runs of the last DAYS days.")
+@click.option("--vacuum", is_flag=True, help="Then give the freed space back to the file system (rewrites "
+                                              "the database; without it, SQLite reuses the space).")
+@handle_errors
+def audit_prune(db: str | None, keep_days: float, vacuum: bool) -> None:
+    """Delete the results of older runs; their summaries stay in `audit history`.
+
+    \b
+    Kept whatever their age: each target's newest result, newest probed result and newest result in a
+    complete run (drift, since-when and staleness go on from these), and the newest complete run.
+    Example (nightly, after the audit):
+      fleetfix audit prune --keep-days 90
+    """
+    from fleetfix.audit import AuditStore, default_db_path
+    from fleetfix.audit.lock import exclusive_audit
+
+    db_path = Path(db) if db else default_db_path()
+    if not db_path.is_file():
+        raise ConfigError("no audit database here (a typo in --db?)", path=str(db_path))
+    # Under the audit lock: an audit running now would otherwise lose the baseline it is comparing with.
+    with exclusive_audit(db_path), AuditStore(db_path) as store:
+        pruned = store.prune(keep_days=keep_days)
+        if vacuum:
+            store.vacuum()
+    click.echo(f"pruned {pruned.results} result(s) of {pruned.runs} run(s) older than {keep_days:g} days "
+               f"({pruned.states} target state(s), {pruned.blobs} document(s) no longer used)"
+               + ("; database vacuumed" if vacuum else ""))

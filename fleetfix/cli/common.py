@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from fleetfix.inventory.resolve import Resolution
     from fleetfix.playbook.snapshots import SnapshotPolicy
     from fleetfix.playbook.wheels import WheelOptions
+    from fleetfix.target import Target
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -144,6 +145,14 @@ def targeting_options(func: F) -> F:
         return func(*args, targets=TargetRequest(**values), fleet_options=fleet, **kwargs)
 
     return _decorate(cast(F, wrapper), options)
+
+
+def dial_ahead(targets: Sequence[Target], fleet: FleetOptions) -> None:
+    """Start connecting to the targets' first nodes now, before the command imports the fleet runner,
+    paramiko and the probe (fleetfix.transport.dial): for one target, start-up was most of its time."""
+    from fleetfix.transport.dial import dial_ahead as start
+
+    start((target.node.ssh for target in targets if target.node.ssh is not None), limit=fleet.forks)
 
 
 def local_option(func: F) -> F:
@@ -345,6 +354,11 @@ class ReportChoice:
 
     stdout: ReportFormat = TEXT
     files: tuple[tuple[ReportFormat, str], ...] = ()
+
+    @property
+    def shows_facts(self) -> bool:
+        """Whether any chosen format shows the targets' facts (ReportFormat.facts)."""
+        return self.stdout.facts or any(report_format.facts for report_format, _ in self.files)
 
     @property
     def as_json(self) -> bool:

@@ -7,6 +7,7 @@ import click
 from fleetfix.cli.common import (
     FleetOptions,
     ReportChoice,
+    dial_ahead,
     handle_errors,
     local_option,
     report_options,
@@ -33,11 +34,14 @@ def probe_command(deep: bool, report: ReportChoice, targets: TargetRequest,
       fleetfix probe --host 10.1.2.6 --ct 200 --ct 201
       fleetfix probe -i inventory.yaml --limit 'tag:gpu' --json
     """
-    from fleetfix.cli.live import ProbeProgress
-    from fleetfix.probe.run import ProbeRun, probe_targets
-
     resolved = resolve(targets).targets
-    with fleet_options.open() as fleet, ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
-        run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_done=progress.advance))
+    dial_ahead(resolved, fleet_options)  # first packets out now; the imports below overlap the handshakes
+    with fleet_options.open() as fleet:
+        fleet.start_connecting(resolved)  # the imports below overlap the SSH handshakes
+        from fleetfix.cli.live import ProbeProgress
+        from fleetfix.probe.run import ProbeRun, probe_targets
+
+        with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
+            run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_done=progress.advance))
     report.emit(run)
     return run.exit_code

@@ -24,6 +24,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetfix.errors import ConfigError, InventoryError, InventoryNotFoundError
+from fleetfix.inventory.adhoc import adhoc_targets, local_target
+from fleetfix.inventory.adhoc import resolved_file as _file
 from fleetfix.inventory.discovery.model import (
     ApiAccess,
     DiscoveryResult,
@@ -33,12 +35,8 @@ from fleetfix.inventory.discovery.model import (
     TokenSecret,
 )
 from fleetfix.inventory.model import (
-    ADDRESS_PATTERN,
-    CTID_MAX,
-    CTID_MIN,
     DEFAULT_PATH,
     ENV_VAR,
-    NAME_PATTERN,
     PVE_API_PORT,
     RESERVED_NAMES,
     ConnectionFields,
@@ -207,13 +205,6 @@ def _pick(node: NodeModel, defaults: DefaultsModel, field: str) -> Any:
     """The node's value if the node sets the field (even to null), else the defaults'."""
     source: ConnectionFields = node if field in node.model_fields_set else defaults
     return getattr(source, field)
-
-
-def _file(value: str | None, base: Path) -> str | None:
-    if value is None:
-        return None
-    expanded = Path(os.path.expanduser(value))
-    return str(expanded if expanded.is_absolute() else base / expanded)
 
 
 def _drafts(
@@ -447,58 +438,6 @@ def _resolve_groups(
         for target in chosen:
             so_far[target.name].append(group_name)
     return members
-
-
-def adhoc_targets(
-    host: str,
-    *,
-    port: int = 22,
-    user: str = "root",
-    identity_file: str | None = None,
-    known_hosts: str | None = None,
-    accept_new: bool = False,
-    ctids: Sequence[int] = (),
-    connect_timeout: float = 10.0,
-    vmids: Sequence[int] = (),
-    become: Become | None = None,
-) -> list[Target]:
-    """Targets from `--host/--ct/--vm`: the node itself, or one target per CT and VM sharing one NodeRef."""
-    if not ADDRESS_PATTERN.fullmatch(host):
-        raise ConfigError(f"--host {host!r}: expected a host name or IP address")
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port {port}: expected a TCP port, 1..65535")
-    if not NAME_PATTERN.fullmatch(user):
-        raise ConfigError(f"--user {user!r}: expected a user name")
-    if not connect_timeout > 0:
-        raise ConfigError(f"connect timeout {connect_timeout}: expected a positive number of seconds")
-    seen: dict[int, str] = {}
-    guests = [("--ct", "CT", ctid, "lxc") for ctid in ctids] + [("--vm", "VM", vmid, "vm") for vmid in vmids]
-    for flag, noun, guest_id, _ in guests:
-        if not CTID_MIN <= guest_id <= CTID_MAX:
-            raise ConfigError(f"{flag} {guest_id}: expected a Proxmox {noun} id, {CTID_MIN}..{CTID_MAX}")
-        first = seen.get(guest_id)
-        if first == flag:
-            raise ConfigError(f"{flag} {guest_id} is given twice")
-        if first is not None:
-            raise ConfigError(f"{flag} {guest_id} is also given as {first} {guest_id}: a node's containers "
-                              "and VMs share one id space")
-        seen[guest_id] = flag
-    cwd = Path.cwd()
-    settings = SSHSettings(
-        address=host, port=port, user=user,
-        identity_file=_file(identity_file, cwd), known_hosts=_file(known_hosts, cwd),
-        accept_new=accept_new, connect_timeout=float(connect_timeout), become=become,
-    )
-    ref = NodeRef(name=host, ssh=settings)
-    if not guests:
-        return [Target(host, ref, NODE, source="cli")]
-    return [Target(f"{host}/{guest_id}", ref, GuestRef(kind, guest_id), source="cli")
-            for _, _, guest_id, kind in guests]
-
-
-def local_target() -> Target:
-    """This machine, with no SSH at all (`--local`)."""
-    return Target("local", NodeRef(name="local", ssh=None), NODE, source="local")
 
 
 __all__ = [

@@ -10,14 +10,11 @@ from urllib.parse import urlsplit
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 
+from fleetfix.inventory.adhoc import ADDRESS_PATTERN, CTID_MAX, CTID_MIN, NAME_PATTERN
+
 ENV_VAR = "FLEETFIX_INVENTORY"
 DEFAULT_PATH = "inventory.yaml"
-# Proxmox VE accepts VMIDs 100..999999999 (ids below 100 are reserved).
-CTID_MIN, CTID_MAX = 100, 999_999_999
-# Hostname-like, and free of the pattern language's `, ! : * ? [ /`, so a name is never read as a pattern.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 _VAR_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # usable as a jinja2 identifier
-ADDRESS_PATTERN = re.compile(r"[A-Za-z0-9_.:%\[\]][A-Za-z0-9_.:%\[\]-]{0,252}")  # never starts with '-'
 _JUMP_HOST = re.compile(  # [user@]host[:port], host possibly a bracketed IPv6; never starts with '-'
     r"(?:[A-Za-z0-9_][A-Za-z0-9_.-]*@)?(?:[A-Za-z0-9_][A-Za-z0-9_.-]*|\[[0-9A-Fa-f:.%]+\])(?::(\d{1,5}))?")
 RESERVED_NAMES = frozenset({"all"})  # `all` selects every target

@@ -14,8 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetfix.errors import ConfigError
-from fleetfix.inventory.discovery import Discoverer
-from fleetfix.inventory.load import adhoc_targets, load_inventory, local_target, resolve_inventory_path
+from fleetfix.inventory.adhoc import adhoc_targets, local_target
 from fleetfix.inventory.request import TargetRequest
 from fleetfix.inventory.select import select
 from fleetfix.secrets import FILE_PREFIX, mask_vars, resolve_reference
@@ -48,6 +47,10 @@ def resolve_targets(request: TargetRequest) -> Resolution:
         ), request.limit)
         check_ssh_files(adhoc)
         return Resolution(adhoc)
+    # Deferred: YAML, the inventory model and discovery are not needed for --host/--local (start-up).
+    from fleetfix.inventory.discovery import Discoverer
+    from fleetfix.inventory.load import load_inventory, resolve_inventory_path
+
     loaded = load_inventory(resolve_inventory_path(request.inventory),
                             discover=Discoverer(refresh=request.refresh))
     targets: Sequence[Target] = loaded.targets

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from fleetfix.errors import ExitCode, FleetfixError
@@ -145,7 +145,11 @@ def probe_targets(
     *,
     deep: bool = False,
     on_done: Callable[[TargetReport], None] | None = None,
+    keep_facts: bool = True,
 ) -> list[TargetReport]:
+    """Probe every target; on_done(report) as each one finishes (from worker threads). keep_facts=False:
+    the reports returned carry no facts, for a caller that takes each one in on_done (the audit commits it
+    there). Held to the end, 10,000 targets' facts were ~200 MB of the audit's peak memory (issue 21)."""
     node_cache = _NodeFactsCache(fleet)
 
     def probe_one(target: Target, transport: Transport) -> TargetReport:
@@ -162,7 +166,7 @@ def probe_targets(
         report.duration = time.monotonic() - started
         if on_done:
             on_done(report)
-        return report
+        return report if keep_facts else replace(report, facts=None)
 
     def from_outcome(outcome: Outcome[TargetReport]) -> TargetReport:
         if outcome.value is not None:

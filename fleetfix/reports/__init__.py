@@ -26,6 +26,9 @@ class ReportFormat:
     renderer: str  # "module:function", called as function(run, **options) -> str
     kinds: frozenset[str] | None = None  # the run kinds it renders; None: every kind
     to_file: bool = False  # written to the FILE its option names, else printed on stdout
+    # Whether it shows the targets' facts: loading 10,000 targets' facts from the audit history is most of
+    # the cost of `audit show`, so the audit commands load them only for a format that shows them.
+    facts: bool = False
 
     def renders(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
@@ -39,8 +42,8 @@ class ReportFormat:
 TEXT = ReportFormat("text", "What a person reads (the default).", "fleetfix.reports.text:render_text")
 FORMATS: tuple[ReportFormat, ...] = (
     TEXT,
-    ReportFormat("json", "Machine-readable output.", "fleetfix.reports.json:render_json"),
-    ReportFormat("html", "Write an HTML page.", "fleetfix.reports.audit:html", AUDITS, True),
+    ReportFormat("json", "Machine-readable output.", "fleetfix.reports.json:render_json", facts=True),
+    ReportFormat("html", "Write an HTML page.", "fleetfix.reports.audit:html", AUDITS, True, facts=True),
     ReportFormat("junit", "Write JUnit XML.", "fleetfix.reports.audit:junit", AUDITS, True),
     ReportFormat("prometheus", "Write node_exporter textfile metrics (atomically).",
                  "fleetfix.reports.audit:prometheus", AUDITS, True),

@@ -64,6 +64,7 @@ from fleetfix.transport.base import (
     command_line,
     copy_stream,
 )
+from fleetfix.transport.dial import CLIENT_VERSION, DialledSocket, dial
 from fleetfix.transport.hostkeys import KnownHosts, known_hosts_name
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
@@ -110,9 +111,11 @@ class SSHConnection:
         self, settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
         label: str | None = None, kill_grace: float = KILL_GRACE_SECONDS,
         sock_factory: Callable[[SSHSettings], Any] | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
+        dialled: DialledSocket | None = None,
     ) -> None:
         """sock_factory: returns a connected socket-like object to use instead of dialling the node
-        (e.g. a latency-adding proxy in benchmarks); the host key is still checked for address:port."""
+        (e.g. a latency-adding proxy in benchmarks); the host key is still checked for address:port.
+        dialled: the node's connection from `dial.dial()`, made before paramiko was imported (used once)."""
         if max_channels < 1:
             raise ValueError("max_channels must be at least 1")
         self.settings = settings
@@ -126,6 +129,7 @@ class SSHConnection:
         self._open_lock = threading.Lock()
         self._transport: paramiko.Transport | None = None
         self._bastion: SSHConnection | None = None
+        self._dialled = dialled
         self._closed = False
 
     # -- connection lifecycle -------------------------------------------------------------------------
@@ -173,10 +177,13 @@ class SSHConnection:
         s = self.settings
         if s.jump_host:
             return self._tunnel_through_jump_host(s.jump_host)
+        if self._dialled is not None:
+            dialled, self._dialled = self._dialled, None
+            return dialled
+        if self.sock_factory is None:
+            return dial(s)  # our identification line goes out with the connection (transport/dial.py)
         try:
-            if self.sock_factory is not None:
-                return self.sock_factory(s)
-            return socket.create_connection((s.address, s.port), timeout=s.connect_timeout)
+            return self.sock_factory(s)
         except socket.gaierror as error:
             raise NameResolutionError(f"{self.endpoint}: cannot resolve host: {error.strerror}") from None
         except TimeoutError:
@@ -218,6 +225,8 @@ class SSHConnection:
         s = self.settings
         known_hosts = KnownHosts(s.known_hosts)
         transport = _QuietTransport(sock)
+        # One identification line whichever way the socket came; a DialledSocket has sent it already.
+        transport.local_version = CLIENT_VERSION
         transport.banner_timeout = s.connect_timeout  # paramiko's default is 15 s, whatever we ask for
         try:
             options = transport.get_security_options()
@@ -658,9 +667,10 @@ class SSHTransport:
 
 
 def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
-            max_output: int = DEFAULT_MAX_OUTPUT) -> SSHConnection:
-    """Open (connect, verify, authenticate) a connection to a node; raises TransportError subclasses."""
-    return SSHConnection(settings, max_channels=max_channels, max_output=max_output).open()
+            max_output: int = DEFAULT_MAX_OUTPUT, dialled: DialledSocket | None = None) -> SSHConnection:
+    """Open (connect, verify, authenticate) a connection to a node; raises TransportError subclasses.
+    dialled: the node's socket from dial.dial(), if it was dialled before this module was imported."""
+    return SSHConnection(settings, max_channels=max_channels, max_output=max_output, dialled=dialled).open()
 
 
 __all__ = [

@@ -38,8 +38,8 @@ def test_the_bed_is_loopback_only_and_every_node_has_its_own_proxy(bed: Bed) -> 
             assert sock.recv(4).startswith(b"SSH-")  # the proxy relays the node's sshd banner
 
 
-def test_fleetfix_its_cli_and_the_floor_use_one_connection_per_node_and_one_channel_per_ct(bed: Bed) -> None:
-    tools = ["fleetfix", "floor", "fleetfix-cli"]
+def test_every_tool_uses_one_connection_per_node_and_one_channel_per_ct(bed: Bed) -> None:
+    tools = ["fleetfix", "floor", "fleetfix-cli", "paramiko-ref"]
     results = {r.tool: r for r in compare(bed, tools=tools, forks=32, channels=8)}
     expected = {node.name: SshCounts(connections=1, channels=CTS + 1) for node in bed.nodes}
     for tool in tools:
@@ -62,3 +62,25 @@ def test_the_work_directory_holds_the_scripts_every_tool_runs(bed: Bed) -> None:
 
     assert Path(bed.probe_script).read_text() == build_probe_script()
     assert Path(bed.node_script).read_text() == build_node_script()
+
+
+def test_scale_mode_audits_cheap_containers_through_the_real_command(tmp_path: Path) -> None:
+    """benchmarks/scale.py on 12 targets (two nodes of the bed's 100-CT layout would be 200: the step
+    takes what it needs): the audit recorded every target, the bed's stopped ones as unreachable, and the
+    timers and sizes came back. Nothing about how long it took."""
+    import sqlite3
+
+    from benchmarks.scale import PER_NODE, run_step, start_bed
+
+    lab = start_bed(tmp_path, 1, seed=21)
+    try:
+        [first, second] = run_step(lab, 12, 2, tmp_path)
+    finally:
+        lab.close()
+    assert PER_NODE >= 12 and (first["targets"], second["night"]) == (12, 2)
+    assert first["summary"].startswith("12 target(s):")
+    assert second["db_bytes"] > 0 and second["html_bytes"] > 0 and second["cpu_s"] > 0
+    db = tmp_path / "step-12" / "audit.db"
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM target_results").fetchone()[0] == 24
+        assert conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'complete'").fetchone()[0] == 2

@@ -182,3 +182,24 @@ def test_transports_are_pct_for_containers_and_local_without_ssh() -> None:
 def test_invalid_bounds_are_rejected() -> None:
     with pytest.raises(ValueError):
         Fleet(forks=0)
+
+
+def test_start_connecting_opens_each_node_once_in_the_background_and_map_uses_it() -> None:
+    connector = FakeConnector(down=["down"])
+    targets = [*targets_on("a", [100, 101]), *targets_on("down", [200]), *targets_on("b", [300])]
+    with Fleet(connect=connector, forks=2) as fleet:
+        fleet.start_connecting(targets)
+        fleet.start_connecting(targets)  # again: connections are per node, opened once
+        outcomes = fleet.map(targets, echo)
+    assert connector.attempts == Counter({"a": 1, "b": 1, "down": 1})
+    assert [o.status for o in outcomes] == ["ok", "ok", "unreachable", "ok"]
+    assert "connection refused" in str(outcomes[2].error)
+    assert all(c.transport.closed for c in connector.connections.values())
+
+
+def test_close_waits_for_connections_still_being_opened() -> None:
+    connector = FakeConnector()
+    fleet = Fleet(connect=connector)
+    fleet.start_connecting(targets_on("a", [100]))
+    fleet.close()  # while the connector is still in its 20 ms: the connection is closed, never leaked
+    assert connector.attempts["a"] == 1 and connector.connections["a"].transport.closed

@@ -1,0 +1,86 @@
+"""The minimal paramiko reference (issue 21): what the same remote work costs with paramiko and nothing else.
+
+    python -m benchmarks.paramiko_ref SPEC.json      (the spec of benchmarks/fleetfix_run.py)
+
+One paramiko connection per node (through the latency proxy, the node's host key checked against the lab's
+known_hosts, key auth, AES-GCM first as fleetfix does), and per container one exec channel running
+`pct exec CT -- /bin/sh -s` with fleetfix's probe script on stdin (`with_buffered_stdout`, as fleetfix
+sends it), reading stdout to EOF and the exit status; the node-facts script once per node on its own
+channel. At most `forks` nodes at once and `channels_per_node` channels per node, like fleetfix. No
+parsing, no diagnosis, no error mapping, no watchdog, no output caps: the floor of a Python controller.
+Prints one JSON line: how many containers answered with exit 0 and output that parses as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from fleetfix.probe import build_node_script, build_probe_script
+from fleetfix.probe.run import with_buffered_stdout
+
+
+def run(transport: paramiko.Transport, command: str, stdin: bytes) -> tuple[int, bytes]:
+    channel = transport.open_session()
+    try:
+        channel.exec_command(command)
+        channel.sendall(stdin)
+        channel.shutdown_write()
+        chunks = []
+        while data := channel.recv(65536):
+            chunks.append(data)
+        return channel.recv_exit_status(), b"".join(chunks)
+    finally:
+        channel.close()
+
+
+def node_work(node: dict[str, Any], spec: dict[str, Any], probe: bytes, node_script: bytes) -> int:
+    sock = socket.create_connection((node["address"], node["proxy_port"] or node["port"]), timeout=10)
+    transport = paramiko.Transport(sock)
+    options = transport.get_security_options()
+    gcm = "aes128-gcm@openssh.com"
+    options.ciphers = (gcm, *(cipher for cipher in options.ciphers if cipher != gcm))
+    transport.start_client(timeout=10)
+    known = paramiko.HostKeys(spec["known_hosts"])
+    key = transport.get_remote_server_key()
+    entry = known.lookup(f"[{node['address']}]:{node['port']}")
+    if entry is None or entry.get(key.get_name()) != key:
+        raise SystemExit(f"{node['name']}: host key not verified")
+    transport.auth_publickey("root", paramiko.PKey.from_path(spec["identity"]))
+    try:
+        with ThreadPoolExecutor(int(spec["channels_per_node"])) as pool:
+            facts = pool.submit(run, transport, "/bin/sh -s", node_script)
+            results = list(pool.map(lambda ctid: run(transport, f"pct exec {ctid} -- /bin/sh -s", probe),
+                                    node["ctids"]))
+            facts.result()
+        ok = 0
+        for status, output in results:
+            try:
+                json.loads(output)
+            except ValueError:
+                continue
+            ok += status == 0
+        return ok
+    finally:
+        transport.close()
+
+
+def main(argv: list[str]) -> int:
+    spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
+    probe = with_buffered_stdout(build_probe_script()).encode()
+    node_script = build_node_script().encode()
+    with ThreadPoolExecutor(min(int(spec["forks"]), len(spec["nodes"]))) as pool:
+        oks = list(pool.map(lambda node: node_work(node, spec, probe, node_script), spec["nodes"]))
+    targets = sum(len(node["ctids"]) for node in spec["nodes"])
+    print(json.dumps({"targets": targets, "ok": sum(oks)}))
+    return 0 if sum(oks) == targets else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
