@@ -18,12 +18,15 @@ from collections.abc import Sequence
 # Written to stderr by the watchdog just before it kills the process group.
 TIMEOUT_MARKER = "fleetfix: timed out after"
 
-# $1: seconds; $2...: the command. The timer's sleep gets /dev/null for its output so that, if a stop races
-# with its start, a leftover sleep cannot keep the channel open (it only idles until it ends).
+# $1: seconds; $2...: the command. The stop (TERM from the command's side) can arrive between the timer's
+# `sleep &` and `s=$!`, when the trap does not know the sleep yet: the trap only marks it, and the timer
+# kills its own sleep once it knows it (found by a unit test leaving a 2-hour sleep behind under load).
+# The sleep gets /dev/null for its output so that nothing left of it could hold the channel open.
 _WATCHDOG = (
     't=$1; shift; '
-    '( trap \'kill "$s" 2>/dev/null; exit 0\' TERM; '
+    '( s=; stop=; trap \'stop=1; kill "$s" 2>/dev/null\' TERM; '
     'sleep "$t" </dev/null >/dev/null 2>&1 & s=$!; '
+    '[ -z "$stop" ] || { kill "$s" 2>/dev/null; exit 0; }; '
     'wait "$s" || exit 0; '
     f'echo "{TIMEOUT_MARKER} ${{t}}s: killing the command" >&2; '
     "kill -KILL 0 ) </dev/null & k=$!; "
