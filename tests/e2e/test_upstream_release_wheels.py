@@ -11,9 +11,9 @@ serves, per scenario:
   d. upstream_wheels=false: the matching wheel is there; nothing asks for it (zero requests), A builds.
   a. the matching wheel (the real compiled module of (d)'s build, plus a RELEASE file that only it has):
      downloaded once, installed on A and B, import-checked, cached with its URL; no build.
-  b. only wheels whose label differs in one field each (CUDA, torch, ABI, Python, platform): none is asked
-     for or installed; the key's own name is asked once (404) and A builds.
-  e. the matching name, with bytes damaged on the way: refused on the controller, A builds.
+  b+e. wheels whose label differs in one field each (CUDA, torch, ABI, Python, platform), and the matching
+     name with bytes damaged on the way: no other label is asked for or installed; the matching name is
+     asked once and refused on the controller; A builds.
   c. nothing listening on the release port: A and C (two keys) build, the output says why, and the host
      is tried by one of them only; the other is answered from the run's memory.
 
@@ -220,24 +220,18 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
         assert sum(target["counts"]["changed"] for target in again.json()["targets"]) == 0
         assert dict(server.requests) == {served: 1}
 
-    # b. Published only for other labels (one field off each): none is asked for or installed; A builds.
+    # b + e. Published for other labels (one field off each), and under the key's own name damaged bytes:
+    # no other label is asked for or installed; the right name is refused on the controller before it goes
+    # anywhere; A builds. (One apply for both: each fallback is a real build. A 404 for the key's own name is
+    # in tests/unit/playbook/test_upstream_wheels.py.)
     start_over(a)
     others = {field: RELEASE_PATH.format_map({**label, field: value}) for field, value in
               (("cuda_major", "12"), ("torch", "2.13"), ("cxx11abi", "FALSE"), ("python_tag", "cp312"),
                ("platform", "linux_aarch64" if label["platform"] != "linux_aarch64" else "linux_x86_64"))}
-    with ReleaseServer(dict.fromkeys(others.values(), upstream)) as server:
+    assert served not in others.values()
+    with ReleaseServer({**dict.fromkeys(others.values(), upstream), served: damaged(upstream)}) as server:
         _, run_id = apply("a", server.url)
-        assert dict(server.requests) == {served: 1}, server.requests  # its own name, answered 404
-    (event,) = wheel_events(state, run_id).values()
-    assert event["action"] == "built" and "HTTP 404" in event["upstream"], event
-    assert installed(a, real_torch) == "0.1.0 built" and import_tiny(a, real_torch) == "13000"
-    assert [e["source"] for e in entries()] == ["build"]
-
-    # e. The right name, wrong bytes: refused on the controller before it goes anywhere; A builds.
-    start_over(a)
-    with ReleaseServer({served: damaged(upstream)}) as server:
-        _, run_id = apply("a", server.url)
-        assert dict(server.requests) == {served: 1}
+        assert dict(server.requests) == {served: 1}, server.requests
     (event,) = wheel_events(state, run_id).values()
     assert event["action"] == "built", event
     assert "refused: not a readable wheel (bad CRC-32 for fleetfix_tiny_cuda." in event["upstream"], event

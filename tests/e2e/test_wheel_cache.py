@@ -5,12 +5,15 @@ extension is our one-kernel fixture (tests/fixtures/extensions/fleetfix-tiny-ext
 arch 9.0, the fourth for 8.0: two keys. Expected: two builds, four installs that import, a second apply
 that changes nothing, and a cache entry whose wheel no longer matches its manifest refused and rebuilt,
 never installed. `pytest -s` prints the `[measure]` lines docs/extensions.md quotes (time and bytes moved
-for N containers of one key: warm cache vs --rebuild, which builds on every target as before the cache).
+for 3 containers of one key: warm cache vs --rebuild, which builds on every target as before the cache).
+The --rebuild half builds on one container unless FLEETFIX_MEASURE_REBUILD=3: proving that --rebuild
+ignores the cache takes one build; the three-build measurement is ~1.5 min of CI for a number in a doc.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -122,15 +125,18 @@ def test_built_once_per_key_installed_everywhere(
     assert [e["action"] for e in warm_events] == ["installed-from-cache"] * 3
     report("3 containers, 1 key, warm cache", f"{warm_s:.0f} s, 0 builds, "
                                               f"{sum(e['size'] for e in warm_events)} wheel bytes pushed")
-    uninstall(cts[:3])
-    rebuilt, rebuilt_s = build(inv_same, "--rebuild")
+    rebuilding = cts[:int(os.environ.get("FLEETFIX_MEASURE_REBUILD", "1"))]
+    uninstall(rebuilding)
+    inv_rebuild = inventory(tmp_path / "rebuild.yaml", lab, [(ct, "9.0") for ct in rebuilding],
+                            real_torch.python)
+    rebuilt, rebuilt_s = build(inv_rebuild, "--rebuild")
     rebuilt_events = wheel_events(state, rebuilt)
-    assert [e["action"] for e in rebuilt_events] == ["built"] * 3
+    assert [e["action"] for e in rebuilt_events] == ["built"] * len(rebuilding)  # the cache had the key
     seconds = sorted(round(e["build_seconds"]) for e in rebuilt_events)
     pulled = sum(e["size"] for e in rebuilt_events)
-    report("3 containers, 1 key, --rebuild (no cache use)",
-           f"{rebuilt_s:.0f} s, 3 builds ({seconds} s each), {pulled} wheel bytes pulled")
-    for ct in cts[:3]:
+    report(f"{len(rebuilding)} container(s), 1 key, --rebuild (no cache use)",
+           f"{rebuilt_s:.0f} s, {len(rebuilding)} build(s) ({seconds} s each), {pulled} wheel bytes pulled")
+    for ct in rebuilding:
         assert import_tiny(ct, real_torch) == "13000"
 
     # 4. A corrupted entry (its wheel no longer matches the manifest's sha256) is refused and rebuilt.
