@@ -11,18 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # audit_testkit, when run as a script
+from audit_testkit import FakeWorld, edited, interrupt_dpkg, make_target
 
-from audit_testkit import FakeWorld, edited, interrupt_dpkg, make_target  # noqa: E402
-
-from fleetfix.audit import AuditRun, AuditStore, Policy, TargetResult, load_audit, run_audit  # noqa: E402
-from fleetfix.audit.model import History  # noqa: E402
+from fleetfix.audit import AuditRun, AuditStore, Policy, TargetResult, load_audit, run_audit
+from fleetfix.audit.model import History
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # format name (fleetfix.reports.FORMATS) -> golden file
@@ -54,7 +51,8 @@ def recorded_audit(directory: Path, *, facts: Any = True) -> AuditRun:
     trend = tuple(dataclasses.replace(point, started=1_767_139_200.0 + 86_400 * i)
                   for i, point in enumerate(run.history.trend))
     since = dict.fromkeys(run.history.since, 1_767_139_200.0)
-    return AuditRun(dataclasses.replace(run.run, info=info, targets=results), run.drift, History(trend, since))
+    stored = dataclasses.replace(run.run, info=info, targets=results)
+    return AuditRun(stored, run.drift, History(trend, since))
 
 
 def main() -> int:
