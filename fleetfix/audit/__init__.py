@@ -33,7 +33,7 @@ from fleetfix.audit.remediate import ApplyPlaybook, Remediation, apply_to_failin
 from fleetfix.audit.store import AuditStore, default_db_path
 from fleetfix.errors import ExitCode
 from fleetfix.fleet import Fleet
-from fleetfix.probe.run import TargetReport, probe_targets
+from fleetfix.probe.run import TargetReport, probe_each
 from fleetfix.target import Target
 
 # How many runs the HTML report's trend shows: a month of nightly runs.
@@ -176,7 +176,7 @@ def _probe_into(
         if on_progress:
             on_progress(report)
 
-    probe_targets(fleet, prepared, deep=deep, on_done=on_done, keep_facts=False)  # committed in on_done
+    probe_each(fleet, prepared, deep=deep, on_done=on_done)  # committed in on_done, nothing kept
 
 
 def run_audit(

@@ -23,7 +23,8 @@ from fleetfix.audit.model import History
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 # format name (fleetfix.reports.FORMATS) -> golden file
-FILES = {"html": "report.html", "junit": "report.xml", "prometheus": "report.prom", "json": "report.json"}
+FILES = {"html": "report.html", "junit": "report.xml", "prometheus": "report.prom", "json": "report.json",
+         "text": "report.txt"}
 
 CONTAINERS: dict[int, Any] = {
     200: "healthy", 201: "healthy", 202: "problem_case", 203: "stopped", 204: "toolkit_13_vs_cu128",

@@ -47,10 +47,10 @@ def test_each_report_file_is_the_golden_bytes_streamed_and_with_only_the_facts_i
     assert path.read_bytes() == golden
 
 
-@pytest.mark.parametrize("name", ["junit", "prometheus", "html"])
+@pytest.mark.parametrize("name", ["junit", "prometheus", "html", "text"])
 def test_the_file_formats_come_in_pieces_none_near_the_whole(name: str, tmp_path: Path, utc: None) -> None:
     """What keeps the memory flat: no piece holds more than a small part of the file (JUnit: one
-    target's suite; Prometheus: a line; HTML: the template's pieces)."""
+    target's suite; Prometheus and text: a line; HTML: the template's pieces)."""
     run = recorded_audit(tmp_path, facts=facts_needed([BY_NAME[name]]))
     pieces = list(BY_NAME[name].pieces(run))
     whole = sum(map(len, pieces))
