@@ -53,9 +53,6 @@ class ReportFormat:
     def render(self, run: Any, **options: Any) -> str:
         return "".join(self.pieces(run, **options))
 
-    def facts_need(self) -> FactsNeed:
-        return _named(self.facts) if isinstance(self.facts, str) else self.facts
-
 
 def _named(name: str) -> Any:
     module, _, function = name.partition(":")
