@@ -267,12 +267,14 @@ def _outcome(result: TargetResult, code: str) -> tuple[str | None, list[Finding]
     return None, []
 
 
-def _suite_counts(result: TargetResult) -> dict[str, int]:
-    """The suite's tests, failures, errors and skipped, in the order its attributes are written."""
-    outcomes = [_outcome(result, code)[0] for code in ALL_CODES]
-    return {"tests": 1 + len(ALL_CODES), "failures": outcomes.count("failure"),
+def _suite_counts(result: TargetResult, kinds: Sequence[str | None] | None = None) -> dict[str, int]:
+    """The suite's tests, failures, errors and skipped, in the order its attributes are written; kinds:
+    the outcome of each code in ALL_CODES, when already known."""
+    if kinds is None:
+        kinds = [_outcome(result, code)[0] for code in ALL_CODES]
+    return {"tests": 1 + len(ALL_CODES), "failures": kinds.count("failure"),
             "errors": 0 if result.reachable else 1,
-            "skipped": outcomes.count("skipped") + outcomes.count("ignored")}
+            "skipped": kinds.count("skipped") + kinds.count("ignored")}
 
 
 def _suite_text(result: TargetResult) -> str:
@@ -281,9 +283,9 @@ def _suite_text(result: TargetResult) -> str:
     reach.set("time", f"{result.duration:.3f}")
     if not result.reachable:
         ET.SubElement(reach, "error", message=result.error or result.status, type=result.status)
-    for code in ALL_CODES:
+    outcomes = [_outcome(result, code) for code in ALL_CODES]
+    for code, (kind, found) in zip(ALL_CODES, outcomes, strict=True):
         case = _testcase(suite, result, code)
-        kind, found = _outcome(result, code)
         if kind == "failure":
             failure = ET.SubElement(case, "failure", message=found[0].summary, type=code)
             failure.text = "\n\n".join(_finding_text(f) for f in found)
@@ -293,7 +295,7 @@ def _suite_text(result: TargetResult) -> str:
             ET.SubElement(case, "skipped", message=f"target {result.status}")
         elif kind == "ignored":
             ET.SubElement(case, "skipped", message="ignored by policy")
-    for key, value in _suite_counts(result).items():
+    for key, value in _suite_counts(result, [kind for kind, _ in outcomes]).items():
         suite.set(key, str(value))
     _xml_safe(suite)
     ET.indent(suite, level=1)
