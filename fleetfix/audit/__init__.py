@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from fleetfix.audit.drift import Drift, compute_drift
-from fleetfix.audit.model import History, RunInfo, StoredRun, TargetResult
+from fleetfix.audit.model import FactsNeed, History, RunInfo, StoredRun, TargetResult
 from fleetfix.audit.policy import (
     DEFAULT_POLICY,
     Policy,
@@ -33,7 +33,7 @@ from fleetfix.audit.remediate import ApplyPlaybook, Remediation, apply_to_failin
 from fleetfix.audit.store import AuditStore, default_db_path
 from fleetfix.errors import ExitCode
 from fleetfix.fleet import Fleet
-from fleetfix.probe.run import TargetReport, probe_targets
+from fleetfix.probe.run import TargetReport, probe_each
 from fleetfix.target import Target
 
 # How many runs the HTML report's trend shows: a month of nightly runs.
@@ -115,12 +115,13 @@ class AuditHistory:
 
 
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None,
-               trend_runs: int = TREND_RUNS, facts: bool = True) -> AuditRun:
+               trend_runs: int = TREND_RUNS, facts: FactsNeed = True) -> AuditRun:
     """A stored run with its drift against `baseline` (default: the audit run it remediated, for a
     re-probe run; else each target's own last result in a complete run, `per_target_baseline`), and its
     history: the trend of the last `trend_runs` runs and since when each finding has been seen (indexed
     queries, cheap at any history size). facts=False: the results without their facts (what the text
-    report needs; decoding facts is most of the cost of loading 10,000 targets)."""
+    report needs; decoding facts is most of the cost of loading 10,000 targets); a projection: only what
+    it keeps of each target's facts (the HTML report's, dashboard.matrix_facts)."""
     run = store.load(run_id, facts=facts)
     history = History(trend=tuple(store.trend(run_id, limit=trend_runs)), since=store.since(run_id))
     base_id = baseline if baseline is not None else run.info.parent
@@ -175,18 +176,18 @@ def _probe_into(
         if on_progress:
             on_progress(report)
 
-    probe_targets(fleet, prepared, deep=deep, on_done=on_done, keep_facts=False)  # committed in on_done
+    probe_each(fleet, prepared, deep=deep, on_done=on_done)  # committed in on_done, nothing kept
 
 
 def run_audit(
     fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore, deep: bool = False,
     on_progress: Callable[[TargetReport], None] | None = None, args: Mapping[str, Any] | None = None,
-    facts: bool = True,
+    facts: FactsNeed = True,
 ) -> AuditRun:
     """Probe targets, judge each result by the policy and commit it as it arrives; then mark the run
     complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept.
     Returns the run as stored (load_audit; facts=False: without the targets' facts, for reports that do
-    not show them)."""
+    not show them; a projection: with what it keeps of them)."""
     run_id = store.start_run({**(args or {}), "policy": policy.source, "deep": deep})
     _probe_into(run_id, fleet, targets, policy=policy, store=store, deep=deep, on_progress=on_progress)
     if not fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,11 @@ from fleetfix.probe.rules import CODES
 STALE_AUDIT = "STALE_AUDIT"
 AUDIT_CODES: tuple[str, ...] = (STALE_AUDIT,)
 ALL_CODES: tuple[str, ...] = (*CODES, *AUDIT_CODES)
+
+# What of the targets' facts to load from the history (AuditStore.load, load_audit): none (False), all
+# (True), or a projection of each target's facts to what a report shows (dashboard.matrix_facts): at
+# 10,000 targets all of them are ~115 MB in Python, the HTML report's version matrix needs a few fields.
+FactsNeed = bool | Callable[[dict[str, Any]], dict[str, Any]]
 
 # The health of a target: the worst finding severity when it was probed, else why it was not.
 HEALTH_ORDER = ("healthy", "info", "warning", "error", "failed", "unreachable")

@@ -11,7 +11,7 @@ import os
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -140,20 +140,25 @@ def _target_cell(result: TargetResult) -> str:
 
 def text_report(run: AuditRun, *, verbose: bool = False) -> str:
     """The terminal summary: drift, then one line per target, then the findings that need action."""
+    return "".join(text_pieces(run, verbose=verbose))
+
+
+def text_pieces(run: AuditRun, *, verbose: bool = False) -> Iterator[str]:
+    """text_report's text a line at a time: at 10,000 targets the text and its copies on the way to
+    stdout were ~70 MB of the audit's peak memory (issue 21)."""
     info = run.info
-    lines = [f"audit run {info.id} ({info.status}) started {_when(info.started)}"
-             + (f", {info.duration:.1f}s" if info.duration is not None else "")]
-    lines += drift_lines(run.drift)
-    lines += remediation_lines(run)
-    lines.append("")
+    yield (f"audit run {info.id} ({info.status}) started {_when(info.started)}"
+           + (f", {info.duration:.1f}s" if info.duration is not None else "") + "\n")
+    for line in drift_lines(run.drift) + remediation_lines(run) + [""]:
+        yield line + "\n"
     width = max((len(result.target) for result in run.targets), default=6)
     for result in run.targets:
-        lines.append(f"{result.target:<{width}}  {result.health:<11}  {_target_cell(result)}")
+        yield f"{result.target:<{width}}  {result.health:<11}  {_target_cell(result)}\n"
     for result in run.targets:
         shown = [f for f in result.findings if verbose or f.severity.value != "info"]
-        lines += _findings_block(result.target, shown)
-    lines += ["", _counts(run)]
-    return "\n".join(lines) + "\n"
+        for line in _findings_block(result.target, shown):
+            yield line + "\n"
+    yield "\n" + _counts(run) + "\n"
 
 
 # ---------------------------------------------------------------- JSON
@@ -199,8 +204,13 @@ def _environment() -> jinja2.Environment:
 def html_report(run: AuditRun) -> str:
     """The dashboard (fleetfix.audit.dashboard computes it; the template lays it out): one file, no
     external assets, usable without JavaScript, which only adds filtering, hover details and copy."""
+    return "".join(html_pieces(run))
+
+
+def html_pieces(run: AuditRun) -> Iterator[str]:
+    """html_report's text in the pieces the template renders it in (written to the file as they come)."""
     template = _environment().get_template("report.html.j2")
-    return template.render(
+    return template.generate(
         run=run, info=run.info, dash=build_dashboard(run), when=short_when,
         remediation=remediation_lines(run),
     )
@@ -213,50 +223,83 @@ def junit_report(run: AuditRun) -> str:
     """One <testsuite> per target; in it a `reachable` testcase and one testcase per finding code.
     An error-severity finding is a <failure>, a warning passes with the finding in <system-out>, a code
     the policy ignored is <skipped>; an unreachable target fails `reachable` and skips the checks."""
-    # Serialised a suite at a time: the whole tree of 10,000 targets (~40 testcases each) took ~350 MB
-    # and set the audit's peak memory (issue 21). The text is what one tree, indented, would give.
+    return "".join(junit_pieces(run))
+
+
+def junit_pieces(run: AuditRun) -> Iterator[str]:
+    """junit_report's text a suite at a time: at 10,000 targets (~40 testcases each) the whole tree took
+    ~350 MB and the whole text 43 MB, which set the audit's peak memory (issue 21). The text is what one
+    tree of every suite, indented, would give. The root's totals come before the suites, so they are
+    counted first, by the same rule (_outcome) that writes the testcases."""
     root = ET.Element("testsuites", name="fleetfix audit", timestamp=_iso(run.info.started))
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-    suites: list[str] = []
     for result in run.targets:
-        suite = ET.Element("testsuite", name=result.target, hostname=result.node)
-        counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
-        reach = _testcase(suite, result, "reachable", counts)
-        reach.set("time", f"{result.duration:.3f}")
-        if not result.reachable:
-            ET.SubElement(reach, "error", message=result.error or result.status, type=result.status)
-            counts["errors"] += 1
-        for code in ALL_CODES:
-            case = _testcase(suite, result, code, counts)
-            found = [f for f in result.findings if f.code == code]
-            # Findings first: an unreachable target still carries the audit's own (STALE_AUDIT).
-            if any(f.severity.value == "error" for f in found):
-                errors = [f for f in found if f.severity.value == "error"]
-                failure = ET.SubElement(case, "failure", message=errors[0].summary, type=code)
-                failure.text = "\n\n".join(_finding_text(f) for f in errors)
-                counts["failures"] += 1
-            elif found:
-                ET.SubElement(case, "system-out").text = "\n\n".join(_finding_text(f) for f in found)
-            elif not result.reachable:
-                ET.SubElement(case, "skipped", message=f"target {result.status}")
-                counts["skipped"] += 1
-            elif code in result.ignored:
-                ET.SubElement(case, "skipped", message="ignored by policy")
-                counts["skipped"] += 1
-        for key, value in counts.items():
-            suite.set(key, str(value))
+        for key, value in _suite_counts(result).items():
             totals[key] += value
-        _xml_safe(suite)
-        ET.indent(suite, level=1)
-        suites.append("\n  " + ET.tostring(suite, encoding="unicode"))
     for key, value in totals.items():
         root.set(key, str(value))
     _xml_safe(root)
-    if not suites:
-        return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+    if not run.targets:
+        yield ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+        return
     root.text = _SUITES  # where the suites go: the root holds only fixed words and numbers besides
     head, _, tail = ET.tostring(root, encoding="unicode", xml_declaration=True).partition(_SUITES)
-    return "".join([head, *suites, "\n", tail, "\n"])  # one join: no copy of the whole text but the one
+    yield head
+    for result in run.targets:
+        yield "\n  " + _suite_text(result)
+    yield "\n" + tail + "\n"
+
+
+def _outcome(result: TargetResult, code: str) -> tuple[str | None, list[Finding]]:
+    """What the testcase of one code holds: "failure" (the error-severity findings), "system-out" (the
+    findings, none an error), "skipped" (target not probed), "ignored" (by policy) or None (passed)."""
+    found = [f for f in result.findings if f.code == code]
+    # Findings first: an unreachable target still carries the audit's own (STALE_AUDIT).
+    errors = [f for f in found if f.severity.value == "error"]
+    if errors:
+        return "failure", errors
+    if found:
+        return "system-out", found
+    if not result.reachable:
+        return "skipped", []
+    if code in result.ignored:
+        return "ignored", []
+    return None, []
+
+
+def _suite_counts(result: TargetResult, kinds: Sequence[str | None] | None = None) -> dict[str, int]:
+    """The suite's tests, failures, errors and skipped, in the order its attributes are written; kinds:
+    the outcome of each code in ALL_CODES, when already known."""
+    if kinds is None:
+        kinds = [_outcome(result, code)[0] for code in ALL_CODES]
+    return {"tests": 1 + len(ALL_CODES), "failures": kinds.count("failure"),
+            "errors": 0 if result.reachable else 1,
+            "skipped": kinds.count("skipped") + kinds.count("ignored")}
+
+
+def _suite_text(result: TargetResult) -> str:
+    suite = ET.Element("testsuite", name=result.target, hostname=result.node)
+    reach = _testcase(suite, result, "reachable")
+    reach.set("time", f"{result.duration:.3f}")
+    if not result.reachable:
+        ET.SubElement(reach, "error", message=result.error or result.status, type=result.status)
+    outcomes = [_outcome(result, code) for code in ALL_CODES]
+    for code, (kind, found) in zip(ALL_CODES, outcomes, strict=True):
+        case = _testcase(suite, result, code)
+        if kind == "failure":
+            failure = ET.SubElement(case, "failure", message=found[0].summary, type=code)
+            failure.text = "\n\n".join(_finding_text(f) for f in found)
+        elif kind == "system-out":
+            ET.SubElement(case, "system-out").text = "\n\n".join(_finding_text(f) for f in found)
+        elif kind == "skipped":
+            ET.SubElement(case, "skipped", message=f"target {result.status}")
+        elif kind == "ignored":
+            ET.SubElement(case, "skipped", message="ignored by policy")
+    for key, value in _suite_counts(result, [kind for kind, _ in outcomes]).items():
+        suite.set(key, str(value))
+    _xml_safe(suite)
+    ET.indent(suite, level=1)
+    return ET.tostring(suite, encoding="unicode")
 
 
 _SUITES = "@@fleetfix-junit-suites@@"
@@ -271,8 +314,7 @@ def _xml_safe(root: ET.Element) -> None:
             element.set(key, safe(value))
 
 
-def _testcase(suite: ET.Element, result: TargetResult, name: str, counts: dict[str, int]) -> ET.Element:
-    counts["tests"] += 1
+def _testcase(suite: ET.Element, result: TargetResult, name: str) -> ET.Element:
     return ET.SubElement(suite, "testcase", classname=f"fleetfix.audit.{result.target}", name=name)
 
 
@@ -304,71 +346,77 @@ def _number(value: float) -> str:
     return repr(float(value)) if not float(value).is_integer() else str(int(value))
 
 
-class _Metrics:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def gauge(self, name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} gauge")
-        self.lines.extend(f"{name}{_labels(**labels)} {_number(value)}" for labels, value in samples)
+def _gauge(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> Iterator[str]:
+    yield f"# HELP {name} {help_text}\n"
+    yield f"# TYPE {name} gauge\n"
+    for labels, value in samples:
+        yield f"{name}{_labels(**labels)} {_number(value)}\n"
 
 
 def prometheus_report(run: AuditRun) -> str:
     """node_exporter textfile-collector format. Every finding code and health gets a series, zeros
     included, so an alert on `> 0` sees the value drop when a problem is fixed instead of going stale."""
-    metrics = _Metrics()
+    return "".join(prometheus_pieces(run))
+
+
+def prometheus_pieces(run: AuditRun) -> Iterator[str]:
+    """prometheus_report's text a line at a time (at 10,000 targets ~70,000 lines: never whole)."""
     by_code = dict.fromkeys(ALL_CODES, 0)
     by_severity = dict.fromkeys(SEVERITIES, 0)
     for result in run.targets:
         for finding in result.findings:
             by_code[finding.code] = by_code.get(finding.code, 0) + 1
             by_severity[finding.severity.value] += 1
-    metrics.gauge("fleetfix_audit_findings", "Findings in the last audit run, per finding code.",
-                  (({"code": code}, n) for code, n in by_code.items()))
-    metrics.gauge("fleetfix_audit_findings_by_severity", "Findings in the last audit run, per severity.",
-                  (({"severity": severity}, n) for severity, n in by_severity.items()))
-    metrics.gauge(
+    yield from _gauge("fleetfix_audit_findings", "Findings in the last audit run, per finding code.",
+                      (({"code": code}, n) for code, n in by_code.items()))
+    yield from _gauge("fleetfix_audit_findings_by_severity", "Findings in the last audit run, per severity.",
+                      (({"severity": severity}, n) for severity, n in by_severity.items()))
+    yield from _gauge(
         "fleetfix_audit_target_health",
         "1 for the target's health in the last audit run (healthy, info, warning, error, failed, "
         "unreachable), 0 for the others.",
         (({"target": r.target, "node": r.node, "health": health}, int(r.health == health))
          for r in run.targets for health in HEALTH_ORDER),
     )
-    metrics.gauge("fleetfix_audit_target_error_findings",
-                  "Error-severity findings per target in the last audit run.",
-                  (({"target": r.target, "node": r.node},
-                    sum(f.severity.value == "error" for f in r.findings)) for r in run.targets))
-    metrics.gauge("fleetfix_audit_targets", "Targets in the last audit run, per health.",
-                  (({"health": health}, n) for health, n in health_counts(run).items()))
-    metrics.gauge("fleetfix_audit_unreachable_targets",
-                  "Targets the last audit run could not probe (unreachable or failed).",
-                  [({}, sum(not r.reachable for r in run.targets))])
-    metrics.gauge("fleetfix_audit_run_duration_seconds", "Wall time of the last audit run.",
-                  [({}, run.info.duration if run.info.duration is not None else float("nan"))])
-    metrics.gauge("fleetfix_audit_run_complete", "1 if the last audit run completed.",
-                  [({}, int(run.info.status == "complete"))])
-    metrics.gauge("fleetfix_audit_last_run_timestamp_seconds", "When the last audit run started (epoch).",
-                  [({}, run.info.started)])
-    metrics.gauge("fleetfix_audit_new_findings", "Findings new since the baseline run.",
-                  [({}, len(run.drift.new_findings))])
-    metrics.gauge("fleetfix_audit_resolved_findings", "Findings resolved since the baseline run.",
-                  [({}, len(run.drift.resolved_findings))])
-    return "\n".join(metrics.lines) + "\n"
+    yield from _gauge("fleetfix_audit_target_error_findings",
+                      "Error-severity findings per target in the last audit run.",
+                      (({"target": r.target, "node": r.node},
+                        sum(f.severity.value == "error" for f in r.findings)) for r in run.targets))
+    yield from _gauge("fleetfix_audit_targets", "Targets in the last audit run, per health.",
+                      (({"health": health}, n) for health, n in health_counts(run).items()))
+    yield from _gauge("fleetfix_audit_unreachable_targets",
+                      "Targets the last audit run could not probe (unreachable or failed).",
+                      [({}, sum(not r.reachable for r in run.targets))])
+    yield from _gauge("fleetfix_audit_run_duration_seconds", "Wall time of the last audit run.",
+                      [({}, run.info.duration if run.info.duration is not None else float("nan"))])
+    yield from _gauge("fleetfix_audit_run_complete", "1 if the last audit run completed.",
+                      [({}, int(run.info.status == "complete"))])
+    yield from _gauge("fleetfix_audit_last_run_timestamp_seconds", "When the last audit run started (epoch).",
+                      [({}, run.info.started)])
+    yield from _gauge("fleetfix_audit_new_findings", "Findings new since the baseline run.",
+                      [({}, len(run.drift.new_findings))])
+    yield from _gauge("fleetfix_audit_resolved_findings", "Findings resolved since the baseline run.",
+                      [({}, len(run.drift.resolved_findings))])
 
 
 # ---------------------------------------------------------------- files
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write text to path via a temporary file in the same directory and a rename, so a reader (the
-    node_exporter textfile collector, a web server) sees the old file or the new one, never half."""
+def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
+    """Write text (or its pieces, as they come: a large report is never whole in memory) to path via a
+    temporary file in the same directory and a rename, so a reader (the node_exporter textfile collector,
+    a web server) sees the old file or the new one, never half; nor a file cut short when producing a
+    piece fails."""
     target = Path(path)
     private_dir(target.parent)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+            if isinstance(text, str):
+                handle.write(text)
+            else:
+                for piece in text:
+                    handle.write(piece)
             handle.flush()
             os.fsync(handle.fileno())
         # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target and

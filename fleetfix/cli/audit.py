@@ -103,7 +103,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
             # A remediation records the audit's results again (its re-probe run): with their facts.
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
                             on_progress=progress.advance, args=args,
-                            facts=report.shows_facts or playbook is not None)
+                            facts=True if playbook is not None else report.facts)
         if playbook is None or remediate_path is None:
             report.emit(run)
             return run.exit_code
@@ -146,7 +146,7 @@ def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findi
     from fleetfix.audit import load_audit
 
     with _store(db, readonly=True) as store:
-        run = load_audit(store, store.resolve(run_ref), facts=report.shows_facts)
+        run = load_audit(store, store.resolve(run_ref), facts=report.facts)
     report.emit(run, verbose=verbose_findings)
 
 

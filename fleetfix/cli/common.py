@@ -24,7 +24,7 @@ import click
 
 from fleetfix.errors import ConfigError, ExitCode, FleetfixError
 from fleetfix.inventory.request import TargetRequest
-from fleetfix.reports import TEXT, ReportFormat, formats_for, write_report
+from fleetfix.reports import TEXT, FactsNeed, ReportFormat, facts_needed, formats_for, write_report
 from fleetfix.secrets import is_reference, resolve_reference
 from fleetfix.terminal import safe_line
 
@@ -356,9 +356,9 @@ class ReportChoice:
     files: tuple[tuple[ReportFormat, str], ...] = ()
 
     @property
-    def shows_facts(self) -> bool:
-        """Whether any chosen format shows the targets' facts (ReportFormat.facts)."""
-        return self.stdout.facts or any(report_format.facts for report_format, _ in self.files)
+    def facts(self) -> FactsNeed:
+        """What the chosen formats show of the targets' facts (ReportFormat.facts): what to load."""
+        return facts_needed([self.stdout, *(report_format for report_format, _ in self.files)])
 
     @property
     def as_json(self) -> bool:
@@ -369,9 +369,10 @@ class ReportChoice:
         """Write the file reports, then print the stdout report. A reader that went away (`| head`)
         is not the command's failure: the rest of the output is dropped and its exit code stands."""
         for report_format, path in self.files:
-            write_report(path, report_format.render(run, **options))
+            write_report(path, report_format.pieces(run, **options))
         try:
-            sys.stdout.write(self.stdout.render(run, **options))
+            for piece in self.stdout.pieces(run, **options):
+                sys.stdout.write(piece)
             sys.stdout.flush()
         except BrokenPipeError:
             stdout_gone()

@@ -150,9 +150,27 @@ def probe_targets(
     """Probe every target; on_done(report) as each one finishes (from worker threads). keep_facts=False:
     the reports returned carry no facts, for a caller that takes each one in on_done (the audit commits it
     there). Held to the end, 10,000 targets' facts were ~200 MB of the audit's peak memory (issue 21)."""
+    keep = (lambda report: report) if keep_facts else (lambda report: replace(report, facts=None))
+    reports = _probe(fleet, targets, deep=deep, on_done=on_done, keep=keep)
+    return [report for report in reports if report is not None]
+
+
+def probe_each(fleet: Fleet, targets: Sequence[Target], *, deep: bool = False,
+               on_done: Callable[[TargetReport], None]) -> None:
+    """Probe every target and hand each report to on_done (from worker threads), keeping none: for a
+    caller that takes each one in there (the audit commits it). Even without their facts, 10,000 reports
+    held to the end (findings, node facts) were ~8 KiB each of the audit's peak memory (issue 21)."""
+    _probe(fleet, targets, deep=deep, on_done=on_done, keep=None)
+
+
+def _probe(
+    fleet: Fleet, targets: Sequence[Target], *, deep: bool, on_done: Callable[[TargetReport], None] | None,
+    keep: Callable[[TargetReport], TargetReport] | None,
+) -> list[TargetReport | None]:
+    """Each target's report, after on_done: what keep makes of it, or None with no keep."""
     node_cache = _NodeFactsCache(fleet)
 
-    def probe_one(target: Target, transport: Transport) -> TargetReport:
+    def probe_one(target: Target, transport: Transport) -> TargetReport | None:
         started = time.monotonic()
         # The node's kernel module is the driver only for guests on the node's kernel (not a VM's).
         on_node_kernel = fleet.guest(target).shares_node_kernel
@@ -166,15 +184,15 @@ def probe_targets(
         report.duration = time.monotonic() - started
         if on_done:
             on_done(report)
-        return report if keep_facts else replace(report, facts=None)
+        return None if keep is None else keep(report)
 
-    def from_outcome(outcome: Outcome[TargetReport]) -> TargetReport:
-        if outcome.value is not None:
+    def from_outcome(outcome: Outcome[TargetReport | None]) -> TargetReport | None:
+        if outcome.ok:
             return outcome.value
         report = TargetReport(outcome.target, outcome.status, error=outcome.error, duration=outcome.duration)
         if on_done:
             on_done(report)
-        return report
+        return None if keep is None else report
 
     return [from_outcome(outcome) for outcome in fleet.map(targets, probe_one)]
 

@@ -1,8 +1,12 @@
 """The audit's file formats. After `audit --remediate`, a file shows the state afterwards: what monitoring
-must see (the terminal and JSON show the audit and the re-probe both)."""
+must see (the terminal and JSON show the audit and the re-probe both).
+
+Each returns its text in pieces, written to the file as they come (write_report): at 10,000 targets the
+JUnit file alone is ~43 MB of text, which held whole set the audit's peak memory (issue 21)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from fleetfix.audit import AuditRun, RemediatedAudit, report
@@ -12,13 +16,13 @@ def _state(run: AuditRun | RemediatedAudit) -> AuditRun:
     return run.final if isinstance(run, RemediatedAudit) else run
 
 
-def html(run: AuditRun | RemediatedAudit, **options: Any) -> str:
-    return report.html_report(_state(run))
+def html(run: AuditRun | RemediatedAudit, **options: Any) -> Iterable[str]:
+    return report.html_pieces(_state(run))
 
 
-def junit(run: AuditRun | RemediatedAudit, **options: Any) -> str:
-    return report.junit_report(_state(run))
+def junit(run: AuditRun | RemediatedAudit, **options: Any) -> Iterable[str]:
+    return report.junit_pieces(_state(run))
 
 
-def prometheus(run: AuditRun | RemediatedAudit, **options: Any) -> str:
-    return report.prometheus_report(_state(run))
+def prometheus(run: AuditRun | RemediatedAudit, **options: Any) -> Iterable[str]:
+    return report.prometheus_pieces(_state(run))

@@ -7,11 +7,36 @@ which also serves the other audit formats.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+# What one piece of the printed JSON gathers: iterencode yields a piece per token, too small to write one
+# by one; the whole text (every target's facts at 10,000 targets: tens of MB) is too large to hold.
+_PIECE_CHARS = 1 << 16
 
-def render_json(run: Any, **options: Any) -> str:
-    return json.dumps(as_json(run), indent=2, sort_keys=False, default=str) + "\n"
+
+def render_json(run: Any, **options: Any) -> Iterator[str]:
+    """The run as JSON, in pieces (the same text json.dumps(..., indent=2, default=str) gives)."""
+    data = as_json(run)  # here, not when the first piece is asked for: a run with no JSON fails at once
+    return _gathered(_encoded_lines(data))
+
+
+def _encoded_lines(data: Any) -> Iterator[str]:
+    yield from json.JSONEncoder(indent=2, default=str).iterencode(data)
+    yield "\n"
+
+
+def _gathered(chunks: Iterable[str]) -> Iterator[str]:
+    batch: list[str] = []
+    size = 0
+    for chunk in chunks:
+        batch.append(chunk)
+        size += len(chunk)
+        if size >= _PIECE_CHARS:
+            yield "".join(batch)
+            batch, size = [], 0
+    if batch:
+        yield "".join(batch)
 
 
 def as_json(run: Any) -> Any:

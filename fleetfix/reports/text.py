@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rich.console import Console
@@ -51,8 +51,10 @@ def _shown(text: str) -> str:
     return escape(safe(text))
 
 
-def render_text(run: Any, **options: Any) -> str:
+def render_text(run: Any, **options: Any) -> str | Iterator[str]:
     """The terminal report of run, laid out (and coloured) like stdout."""
+    if "AuditRun" in {cls.__name__ for cls in type(run).__mro__}:  # by name: see reports.json.as_json
+        return _audit_pieces(run, **options)
     out = page()
     show(run, out, **options)
     return page_text(out)
@@ -257,11 +259,13 @@ def _run_detail(detail: RunDetail, out: Console, **options: Any) -> None:
 
 # --- audit: plain text (it goes to cron mail and journals as often as to terminals) ---------------------
 
-@renders("AuditRun")
-def _audit(run: AuditRun, out: Console, *, verbose: bool = False, **options: Any) -> None:
+def _audit_pieces(run: AuditRun, *, verbose: bool = False, **options: Any) -> Iterator[str]:
+    """An audit's text a line at a time, not through a page: plain text (no rich layout), and at 10,000
+    targets the whole text with its copies (page, safe) was ~70 MB (issue 21). safe() escapes character
+    by character, so line by line is the same text."""
     from fleetfix.audit import report as audit_report
 
-    out.file.write(safe(audit_report.text_report(run, verbose=verbose)))
+    return (safe(line) for line in audit_report.text_pieces(run, verbose=verbose))
 
 
 @renders("RemediatedAudit")

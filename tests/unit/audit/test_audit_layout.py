@@ -5,6 +5,7 @@ of a v4 database."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -254,3 +255,26 @@ def test_a_v4_database_is_converted_keeping_every_value(tmp_path: Path) -> None:
         assert store._conn.execute("SELECT COUNT(*) FROM blobs").fetchone()[0] == 3  # facts once, + delta
         tables = {name for (name,) in store._conn.execute("SELECT name FROM sqlite_master")}
         assert "findings" not in tables and "target_results_v5" not in tables
+
+
+def test_a_projection_keeps_of_each_result_what_it_returns_deltas_included(tmp_path: Path) -> None:
+    """The HTML report loads facts through its projection (issue 21): each result's facts as the
+    projection of its whole facts, a result stored as a delta on its base included."""
+    from fleetfix.audit.dashboard import matrix_facts
+
+    facts = load_fixture("healthy")
+    moved = copy.deepcopy(facts)
+    moved["gpu"]["driver_version"] = "575.1.2"  # a leaf the projection keeps, stored as a delta
+    with AuditStore(tmp_path / "a.db") as store:
+        other = _probed("pve1/201", load_fixture("toolkit_12_4"))
+        _night(store, 1, [_probed("pve1/200", facts), other])
+        second = _night(store, 2, [_probed("pve1/200", moved), other])
+        assert store._conn.execute("SELECT COUNT(*) FROM target_results WHERE run = ? AND delta IS NOT NULL",
+                                   (second,)).fetchone()[0] == 1
+        for run in (1, second):
+            whole = store.load(run).targets
+            projected = store.load(run, facts=matrix_facts).targets
+            assert [r.facts for r in projected] == [matrix_facts(r.facts or {}) for r in whole]
+            assert [dataclasses.replace(r, facts=None) for r in projected] == \
+                [dataclasses.replace(r, facts=None) for r in whole]
+        assert store.load(second, facts=matrix_facts).targets[0].facts["gpu"]["driver_version"] == "575.1.2"

@@ -8,7 +8,7 @@ import threading
 from pathlib import Path
 
 from fleetfix.fleet import Fleet
-from fleetfix.probe.run import probe_targets
+from fleetfix.probe.run import probe_each, probe_targets
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import ANY, FakeCall, FakeTransport
@@ -86,3 +86,20 @@ def test_without_keep_facts_on_done_sees_the_facts_and_the_returned_reports_do_n
     assert seen == [True] * len(CTIDS)
     assert [report.status for report in reports] == ["ok"] * len(CTIDS)
     assert all(report.facts is None and report.node is not None for report in reports)
+
+
+def test_probe_each_hands_every_report_to_on_done_and_keeps_none() -> None:
+    """What the audit probes with (issue 21): each report, probed or not, reaches on_done with its facts;
+    nothing is returned, so nothing per target outlives its on_done."""
+    stopped = "container '202' not running!\n"
+    node = FakeTransport("pve1").on(re.compile(r"^pct exec 202 "), rc=255, stderr=stopped)
+    node.on(re.compile(r"^pct exec "), stdout=HEALTHY)
+    node.on(ANY, stdout="fleetfix-node-facts 1\nhostname\tpve1\n")
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    targets = [Target(f"pve1/{ctid}", ref, GuestRef.lxc(ctid)) for ctid in CTIDS]
+    seen: dict[str, tuple[str, bool]] = {}
+    with Fleet(connect=lambda _settings: node) as fleet:
+        returned = probe_each(fleet, targets, on_done=lambda report: seen.update(
+            {report.target.name: (report.status, report.facts is not None)}))
+    assert returned is None
+    assert seen == {"pve1/200": ("ok", True), "pve1/201": ("ok", True), "pve1/202": ("unreachable", False)}
