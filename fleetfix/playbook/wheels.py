@@ -231,8 +231,7 @@ def _from_upstream(item: RenderedItem, key: dict[str, str], execute: Execute, gu
             return error.reason
         problem = wheel_problem(incoming, name=key["name"], version=key["version"], tag=proposal.tag)
         if problem is not None:
-            fetcher.refuse(proposal.url, f"{proposal.filename} refused: {problem}")
-            return f"{proposal.filename} refused: {problem}"
+            return _refused(fetcher, proposal.url, f"{proposal.filename} refused: {problem}")
         remote = f"{work}/{proposal.install_name}"
         pushed = guest().push(incoming, remote, mode=0o600, max_bytes=max(fetched.size, 1))
         if pushed.sha256 != fetched.sha256:
@@ -240,8 +239,7 @@ def _from_upstream(item: RenderedItem, key: dict[str, str], execute: Execute, gu
         try:
             _install_and_verify(item, execute, work, remote, what="upstream's release wheel")
         except _ItemFailed as failure:
-            fetcher.refuse(proposal.url, f"{proposal.filename}: {failure}")
-            return f"{proposal.filename}: {failure}"
+            return _refused(fetcher, proposal.url, f"{proposal.filename}: {failure}")
         entry = cache.store(key, incoming, built_on="upstream", build_seconds=None, source=proposal.url)
     finally:
         with contextlib.suppress(OSError):
@@ -252,6 +250,12 @@ def _from_upstream(item: RenderedItem, key: dict[str, str], execute: Execute, gu
           url=proposal.url, sha256=entry.sha256, size=entry.size)
     return _Installed(f"installed upstream's release wheel {proposal.filename} (sha256 {entry.sha256[:12]}), "
                       f"cached as {entry.directory.name}")
+
+
+def _refused(fetcher: Fetcher, url: str, reason: str) -> str:
+    """reason, after telling the run's fetcher not to offer url again."""
+    fetcher.refuse(url, reason)
+    return reason
 
 
 def _the_wheel(transport: Transport, work: str, key: dict[str, str]) -> str:

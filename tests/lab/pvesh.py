@@ -31,6 +31,23 @@ class PveshError(Exception):
     pass
 
 
+# What pvesh reports for a guest's live usage; the stand-in's guests use none worth reporting.
+_IDLE_COUNTERS = {"cpu": 0, "uptime": 0, "netin": 0, "netout": 0, "diskread": 0, "diskwrite": 0}
+
+
+def _with_runtime(status: dict[str, Any], pid: int | None, config: dict[str, str]) -> dict[str, Any]:
+    """The fields a running guest adds (pid, uptime), and the config keys pvesh passes on as they are."""
+    if pid:
+        status["pid"] = pid
+        status["uptime"] = max(int(time.time() - os.stat(f"/proc/{pid}").st_mtime), 0)
+    for key in ("tags", "lock"):
+        if key in config:
+            status[key] = config[key]
+    if config.get("template") == "1":
+        status["template"] = 1
+    return status
+
+
 def _vmstatus(ct: ctlib.Container) -> dict[str, Any]:
     config = ct.config().main
     memory_mb = int(config.get("memory", "512"))
@@ -47,23 +64,9 @@ def _vmstatus(ct: ctlib.Container) -> dict[str, Any]:
         "maxdisk": int(size.group(1)) * 1024**3 if size else 0,
         "mem": 0,
         "disk": 0,
-        "cpu": 0,
-        "uptime": 0,
-        "netin": 0,
-        "netout": 0,
-        "diskread": 0,
-        "diskwrite": 0,
+        **_IDLE_COUNTERS,
     }
-    pid = ct.pid1
-    if pid:
-        status["pid"] = pid
-        status["uptime"] = max(int(time.time() - os.stat(f"/proc/{pid}").st_mtime), 0)
-    for key in ("tags", "lock"):
-        if key in config:
-            status[key] = config[key]
-    if config.get("template") == "1":
-        status["template"] = 1
-    return status
+    return _with_runtime(status, ct.pid1, config)
 
 
 def _vm_status(machine: vmlib.VirtualMachine) -> dict[str, Any]:
@@ -79,23 +82,9 @@ def _vm_status(machine: vmlib.VirtualMachine) -> dict[str, Any]:
         "mem": 0,
         "memhost": 0,
         "disk": 0,
-        "cpu": 0,
-        "uptime": 0,
-        "netin": 0,
-        "netout": 0,
-        "diskread": 0,
-        "diskwrite": 0,
+        **_IDLE_COUNTERS,
     }
-    pid = machine.pid1
-    if pid:
-        status["pid"] = pid
-        status["uptime"] = max(int(time.time() - os.stat(f"/proc/{pid}").st_mtime), 0)
-    for key in ("tags", "lock"):
-        if key in config:
-            status[key] = config[key]
-    if config.get("template") == "1":
-        status["template"] = 1
-    return status
+    return _with_runtime(status, machine.pid1, config)
 
 
 def _snapshots(ct: ctlib.Container) -> list[dict[str, Any]]:
