@@ -79,7 +79,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
         run_audit,
     )
     from fleetfix.audit.lock import exclusive_audit
-    from fleetfix.cli.live import ProbeProgress
+    from fleetfix.cli.progress import ProbeProgress
     from fleetfix.playbook import load_playbook
 
     if remediate_path is None and rollout.given():

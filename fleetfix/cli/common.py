@@ -365,6 +365,12 @@ class ReportChoice:
         """Machine-readable stdout: live output and progress bars stay off."""
         return self.stdout.name != "text"
 
+    @property
+    def modules(self) -> tuple[str, ...]:
+        """The modules of the chosen formats' renderers: for a command to import them ahead, while its
+        network work is under way (fleetfix.importahead)."""
+        return tuple(dict.fromkeys(f.module for f in (self.stdout, *(f for f, _ in self.files))))
+
     def emit(self, run: Any, **options: Any) -> None:
         """Write the file reports, then print the stdout report. A reader that went away (`| head`)
         is not the command's failure: the rest of the output is dropped and its exit code stands."""

@@ -1,53 +1,20 @@
-"""What a command shows while it runs: live output of scripts, a progress bar, each step as it ends."""
+"""What a command shows while it runs: live output of scripts, each step as it ends (the probe's progress
+bar: cli/progress.py)."""
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from fleetfix.reports.console import STATUS_STYLE, console, err_console
+from fleetfix.reports.console import STATUS_STYLE, console
 from fleetfix.target import Target
 from fleetfix.terminal import safe
 from fleetfix.transport.base import OutputSink, Stream
-
-if TYPE_CHECKING:
-    from fleetfix.probe.run import TargetReport
-
-
-class ProbeProgress:
-    """A progress bar on stderr while targets are probed; silent off a TTY or for --json."""
-
-    def __init__(self, total: int, *, enabled: bool) -> None:
-        self._progress: Progress | None = None
-        if enabled and total > 1 and err_console.is_terminal:
-            self._progress = Progress(
-                TextColumn("probing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                TextColumn("{task.description}"), console=err_console, transient=True,
-            )
-            self._task = self._progress.add_task("", total=total)
-
-    def __enter__(self) -> ProbeProgress:
-        if self._progress:
-            self._progress.start()
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if self._progress:
-            self._progress.stop()
-
-    def advance(self, report: TargetReport) -> None:
-        if self._progress:
-            self._progress.update(self._task, advance=1, description=report.target.name)
-
 
 MAX_LINE = 64 * 1024  # an unfinished line longer than this is printed as it is
 

@@ -38,10 +38,11 @@ def probe_command(deep: bool, report: ReportChoice, targets: TargetRequest,
     dial_ahead(resolved, fleet_options)  # first packets out now; the imports below overlap the handshakes
     with fleet_options.open() as fleet:
         fleet.start_connecting(resolved)  # the imports below overlap the SSH handshakes
-        from fleetfix.cli.live import ProbeProgress
+        from fleetfix.cli.progress import ProbeProgress
         from fleetfix.probe.run import ProbeRun, probe_targets
 
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
-            run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_done=progress.advance))
+            run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_done=progress.advance,
+                                         also_import=report.modules))
     report.emit(run)
     return run.exit_code

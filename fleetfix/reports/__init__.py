@@ -42,6 +42,11 @@ class ReportFormat:
     # it shows (the HTML report's version matrix), named so that listing formats imports nothing.
     facts: bool | str = False
 
+    @property
+    def module(self) -> str:
+        """The module its renderer lives in (for fleetfix.importahead)."""
+        return self.renderer.partition(":")[0]
+
     def renders(self, kind: str) -> bool:
         return self.kinds is None or kind in self.kinds
 

@@ -59,7 +59,7 @@ def open_socket(settings: SSHSettings) -> socket.socket:
     """A TCP connection to the node, connect errors mapped to TransportErrors (one line each)."""
     endpoint = f"{settings.address}:{settings.port}"
     try:
-        return socket.create_connection((settings.address, settings.port), timeout=settings.connect_timeout)
+        sock = socket.create_connection((settings.address, settings.port), timeout=settings.connect_timeout)
     except socket.gaierror as error:
         raise NameResolutionError(f"{endpoint}: cannot resolve host: {error.strerror}") from None
     except TimeoutError:
@@ -69,6 +69,8 @@ def open_socket(settings: SSHSettings) -> socket.socket:
         raise ConnectRefusedError(f"{endpoint}: connection refused") from None
     except OSError as error:
         raise ConnectError(f"{endpoint}: {_one_line(error)}") from None
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
 
 
 def dial(settings: SSHSettings) -> DialledSocket:

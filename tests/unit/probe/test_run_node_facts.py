@@ -7,6 +7,7 @@ import re
 import threading
 from pathlib import Path
 
+from fleetfix.errors import ConnectionLostError
 from fleetfix.fleet import Fleet
 from fleetfix.probe.run import probe_each, probe_targets
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
@@ -103,3 +104,51 @@ def test_probe_each_hands_every_report_to_on_done_and_keeps_none() -> None:
             {report.target.name: (report.status, report.facts is not None)}))
     assert returned is None
     assert seen == {"pve1/200": ("ok", True), "pve1/201": ("ok", True), "pve1/202": ("unreachable", False)}
+
+
+class Rendezvous:
+    """One container on a node whose node-facts script and container probe each answer only once the other
+    has started (or after 5 s): run one after the other, as they were, each would wait out its 5 s."""
+
+    def __init__(self) -> None:
+        self.node_facts_started = threading.Event()
+        self.probe_started = threading.Event()
+        self.met: list[bool] = []
+        self.node = FakeTransport("pve1")
+        self.node.on(re.compile(r"^pct exec "), self.probe)
+        self.node.on(ANY, self.node_facts)
+
+    def node_facts(self, call: FakeCall) -> CommandResult:
+        self.node_facts_started.set()
+        self.met.append(self.probe_started.wait(timeout=5))
+        return CommandResult(0, "fleetfix-node-facts 1\nhostname\tpve1\n", "", 0.0)
+
+    def probe(self, call: FakeCall) -> CommandResult:
+        self.probe_started.set()
+        self.met.append(self.node_facts_started.wait(timeout=5))
+        return CommandResult(0, HEALTHY, "", 0.0)
+
+
+def test_one_container_is_probed_while_its_node_facts_are_gathered() -> None:
+    """For one container the node facts used to come first: a round trip and the node script's run added
+    to every single-target probe (issue 21). Now they run side by side, each on its own channel."""
+    node = Rendezvous()
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    with Fleet(connect=lambda _settings: node.node) as fleet:
+        [report] = probe_targets(fleet, [Target("pve1/200", ref, GuestRef.lxc(200))])
+    assert node.met == [True, True], "the node facts and the container's probe ran one after the other"
+    assert report.status == "ok" and report.node is not None and report.node.hostname == "pve1"
+
+
+def test_node_facts_that_fail_on_their_own_thread_fail_the_container_with_that_error() -> None:
+    """The node facts run on a thread of their own; a link lost there is not swallowed with it: the
+    container waiting for them tries again and reports what happened."""
+    node = FakeTransport("pve1").on(re.compile(r"^pct exec "), stdout=HEALTHY)
+    node.on(ANY, ConnectionLostError("link dropped during node facts"))
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    with Fleet(connect=lambda _settings: node) as fleet:
+        [report] = probe_targets(fleet, [Target("pve1/200", ref, GuestRef.lxc(200))])
+    assert report.status != "ok"
+    assert "link dropped during node facts" in str(report.error)
+    node_facts_runs = [call for call in node.calls if call.argv[:2] != ("pct", "exec")]
+    assert 1 <= len(node_facts_runs) <= 2  # the background try, then at most the container's own

@@ -1,0 +1,48 @@
+"""The probe's progress bar on stderr (probe, audit)."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from fleetfix.probe.run import TargetReport
+
+
+class ProbeProgress:
+    """A progress bar on stderr while targets are probed; silent off a TTY, for one target or for --json.
+
+    rich is imported only for a bar that can show: for one target or --json its ~0.04 s of import would
+    compete with the SSH handshake for the interpreter lock (issue 21)."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self._progress: Progress | None = None
+        if not (enabled and total > 1):
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from fleetfix.reports.console import err_console
+
+        if err_console.is_terminal:
+            self._progress = Progress(
+                TextColumn("probing"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                TextColumn("{task.description}"), console=err_console, transient=True,
+            )
+            self._task = self._progress.add_task("", total=total)
+
+    def __enter__(self) -> ProbeProgress:
+        if self._progress:
+            self._progress.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._progress:
+            self._progress.stop()
+
+    def advance(self, report: TargetReport) -> None:
+        if self._progress:
+            self._progress.update(self._task, advance=1, description=report.target.name)
