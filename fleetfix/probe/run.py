@@ -93,6 +93,8 @@ class _NodeFactsCache:
         alongside the first container's probe instead of before it (for one container that was a round trip
         and the node script's run, ~0.11 s of a 0.9 s probe at 20 ms RTT, issue 21). The others go on to
         their own probes; `get` waits for it."""
+        if target.node.name in self._facts:  # the node's later containers: no thread to start
+            return
         node_lock = self._node_lock(target)
         if node_lock.acquire(blocking=False):
             threading.Thread(target=self._fill_then_release, args=(target, node_lock), daemon=True,

@@ -7,6 +7,8 @@ import re
 import threading
 from pathlib import Path
 
+import pytest
+
 from fleetfix.errors import ConnectionLostError
 from fleetfix.fleet import Fleet
 from fleetfix.probe.run import probe_each, probe_targets
@@ -152,3 +154,25 @@ def test_node_facts_that_fail_on_their_own_thread_fail_the_container_with_that_e
     assert "link dropped during node facts" in str(report.error)
     node_facts_runs = [call for call in node.calls if call.argv[:2] != ("pct", "exec")]
     assert 1 <= len(node_facts_runs) <= 2  # the background try, then at most the container's own
+
+
+def test_a_nodes_later_containers_start_no_node_facts_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One thread per node for its facts, not one per container: at 10,000 targets a thread per container
+    that found the facts known would be ~10,000 thread starts for nothing."""
+    started: list[str] = []
+
+    class CountingThread(threading.Thread):
+        def start(self) -> None:
+            if self.name.startswith("node-facts-"):
+                started.append(self.name)
+            super().start()
+
+    monkeypatch.setattr(threading, "Thread", CountingThread)
+    node = FakeTransport("pve1").on(re.compile(r"^pct exec "), stdout=HEALTHY).on(
+        ANY, stdout="fleetfix-node-facts 1\nhostname\tpve1\n")
+    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
+    targets = [Target(f"pve1/{ctid}", ref, GuestRef.lxc(ctid)) for ctid in range(200, 212)]
+    with Fleet(connect=lambda _settings: node, forks=1, channels_per_node=1) as fleet:
+        reports = probe_targets(fleet, targets)
+    assert [report.status for report in reports] == ["ok"] * len(targets)
+    assert started == ["node-facts-pve1"]
