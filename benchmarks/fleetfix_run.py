@@ -6,7 +6,7 @@ SPEC: {"identity": path, "known_hosts": path, "forks": int, "channels_per_node":
        "nodes": [{"name", "address", "port", "proxy_port" (or null: direct), "ctids": [int, ...]}]}
 
 Probes every container with `fleetfix.probe.run.probe_targets` (the library behind `fleetfix probe`: one SSH
-connection per node, one exec channel per container, node facts once per node) through the latency proxy:
+connection per node, its containers over one channel, node facts once per node) through the latency proxy:
 the connector dials the proxy port but the host key is still checked for the node's own address:port.
 Prints one JSON line: statuses, the first errors, and this process's CPU (probe phase and whole process,
 from `resource.getrusage(RUSAGE_SELF)`) and peak RSS.

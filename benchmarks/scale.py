@@ -3,14 +3,14 @@
     python -m benchmarks.scale [--steps 10,100,1000,10000] [--nights 2] [--json FILE]
 
 10,000 real containers do not fit on one machine, so the containers are made cheap and everything on the
-controller's side stays real: `fleetfix audit -i inventory.yaml --db ... --html ... --junit ...
---prometheus ...` (the command itself, benchmarks/scale_cli.py, which only adds timers), real OpenSSH
-sshd nodes on 127.0.0.N (tests/lab), one SSH connection per node, one exec channel per container with the
-real probe script on its stdin, node facts once per node, the probe's JSON parsed and diagnosed, every
-result committed to the audit history, drift, and the three report files. Only `pct` differs: each node's
-`pct exec CTID ...` reads the script and answers with that container's recorded probe output (the
-recorded fixtures of tests/fixtures/probe in the dashboard benchmark's mix, each with its own hostname;
-4% of containers answer "not running", as a stopped one does).
+controller's side stays real: `fleetfix audit -i inventory.yaml --db ... --html ... --junit ... --prometheus
+...` (the command itself, benchmarks/scale_cli.py, which only adds timers), real OpenSSH sshd nodes on
+127.0.0.N (tests/lab), one SSH connection per node, its containers over one channel (guests/pctbatch.py) with
+the real probe script on their stdin, node facts once per node, the probe's JSON parsed and diagnosed, every
+result committed to the audit history, drift, and the three report files. Only `pct` differs: each node's `pct
+exec CTID ...` reads the script and answers with that container's recorded probe output (the recorded fixtures
+of tests/fixtures/probe in the dashboard benchmark's mix, each with its own hostname; 4% of containers answer
+"not running", as a stopped one does).
 
 Nodes hold 100 containers each (10 and 100 targets: one node). Each step audits its fleet `--nights`
 times into a fresh history (the first night has no baseline; the next ones compute drift against it and

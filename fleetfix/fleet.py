@@ -44,6 +44,7 @@ from fleetfix.target import SSHSettings, Target
 from fleetfix.transport.base import (
     DEFAULT_MAX_OUTPUT,
     CommandResult,
+    FeedableTransport,
     FileTransport,
     OutputSink,
     Transferred,
@@ -179,6 +180,18 @@ class Fleet:
         if settings is None:
             return LocalTransport(label=target.node.name, max_output=self.max_output)
         return _NodeTransport(self._connection(settings), label=target.node.name)
+
+    def feedable_node_transport(self, target: Target) -> FeedableTransport | None:
+        """The node's transport as root (no become: sudo rules name commands, not a driver script) when its
+        commands can take stdin over time (SSH, this machine), else None. For running many of the node's
+        containers over one channel (guests/pctbatch.py)."""
+        settings = target.node.ssh
+        if settings is None:
+            return LocalTransport(label=target.node.name, max_output=self.max_output)
+        if settings.become is not None:
+            return None
+        connection = self._connection(settings)
+        return connection if isinstance(connection, FeedableTransport) else None
 
     def _connection(self, settings: SSHSettings) -> NodeConnection:
         with self._slots_lock:

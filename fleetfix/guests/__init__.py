@@ -4,7 +4,8 @@
     guest.transport().execute(argv)              # inside the guest
     guest.snapshot("fleetfix-20261203-030000")   # on the node, by the guest's id
 
-A new kind: a module implementing `base.Guest`, and its line here.
+A new kind: a module implementing `base.Guest`, and its line here. A kind whose guests can run one command
+together over one node channel (containers, `pctbatch`) also has a line in NODE_BATCHES.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 from fleetfix.guests.base import Guest, GuestStatus
 from fleetfix.guests.lxc import LxcGuest
 from fleetfix.guests.node import NodeGuest
+from fleetfix.guests.pctbatch import PctBatch
 from fleetfix.guests.vm import VmGuest
 from fleetfix.target import Target
 from fleetfix.transport.base import Transport
@@ -20,6 +22,11 @@ GUEST_KINDS: dict[str, type[Guest]] = {
     "node": NodeGuest,
     "lxc": LxcGuest,
     "vm": VmGuest,
+}
+
+# Kinds with a node-side fan-out: many guests of one node, one channel, one copy of the stdin.
+NODE_BATCHES: dict[str, type[PctBatch]] = {
+    "lxc": PctBatch,
 }
 
 
@@ -37,4 +44,4 @@ def pve_types() -> dict[str, str]:
     return {driver.pve_type: kind for kind, driver in GUEST_KINDS.items() if driver.pve_type is not None}
 
 
-__all__ = ["GUEST_KINDS", "Guest", "GuestStatus", "open_guest", "pve_types"]
+__all__ = ["GUEST_KINDS", "NODE_BATCHES", "Guest", "GuestStatus", "open_guest", "pve_types"]

@@ -75,10 +75,30 @@ TIMEOUT_EXIT_CODE = 124
 
 
 def pct_exec_argv(ctid: int, argv: Sequence[str], timeout: float | None = None) -> tuple[str, ...]:
-    """The node-side argv. With a timeout the watchdog runs *inside* the CT, so the kill reaches the
-    command's process group there even if lxc-attach puts it in a session of its own."""
-    inner = with_watchdog(argv, timeout)
-    return ("pct", "exec", str(ctid), "--", "env", "-i", *CONTAINER_ENV, *inner)
+    """The node-side argv."""
+    return ("pct", "exec", str(ctid), "--", *container_argv(argv, timeout))
+
+
+def container_argv(argv: Sequence[str], timeout: float | None = None) -> tuple[str, ...]:
+    """What `pct exec CTID --` runs. With a timeout the watchdog runs *inside* the CT, so the kill reaches
+    the command's process group there even if lxc-attach puts it in a session of its own."""
+    return ("env", "-i", *CONTAINER_ENV, *with_watchdog(argv, timeout))
+
+
+def pct_result(result: CommandResult, ctid: int, node: str, timeout: float | None) -> CommandResult:
+    """What `pct exec` on the node said, as the command's own result: raises GuestError when pct refused
+    (the CT is stopped or missing), and reports the CT's watchdog kill as a timeout. A command that printed
+    the watchdog's marker and exited 1..127 ran to its end."""
+    error = container_error(result, ctid, node)
+    if error is not None:
+        raise error
+    # The CT's watchdog killed it (its marker, and a signal-style exit: pct/lxc-attach turn the SIGKILL
+    # into 137, 255 or -1).
+    fired = any(line.startswith(TIMEOUT_MARKER) for line in result.stderr.splitlines())
+    signalled = result.exit_code < 0 or result.exit_code >= 128
+    if timeout is not None and not result.timed_out and fired and signalled:
+        return dataclasses.replace(result, exit_code=TIMEOUT_EXIT_CODE, timed_out=True)
+    return result
 
 
 def container_error(result: CommandResult, ctid: int, node: str) -> GuestError | None:
@@ -129,17 +149,7 @@ class PctTransport:
         node_timeout = None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
         node_argv = pct_exec_argv(self.ctid, argv, timeout)
         result = self.connection.execute(node_argv, stdin=stdin, timeout=node_timeout, on_output=on_output)
-        error = container_error(result, self.ctid, self.node_name)
-        if error is not None:
-            raise error
-        # The CT's watchdog killed it (its marker, and a signal-style exit: pct/lxc-attach turn the SIGKILL
-        # into 137, 255 or -1): report a timeout. A command that printed the marker and exited 1..127 ran
-        # to its end.
-        fired = any(line.startswith(TIMEOUT_MARKER) for line in result.stderr.splitlines())
-        signalled = result.exit_code < 0 or result.exit_code >= 128
-        if timeout is not None and not result.timed_out and fired and signalled:
-            return dataclasses.replace(result, exit_code=TIMEOUT_EXIT_CODE, timed_out=True)
-        return result
+        return pct_result(result, self.ctid, self.node_name, timeout)
 
 
 # pct push / pull refusing a stopped CT (a die before the worker; pull's message has no newline, so Perl

@@ -14,10 +14,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleetfix.errors import ExitCode, FleetfixError
 from fleetfix.fleet import Fleet, Outcome
+from fleetfix.guests import NODE_BATCHES
+from fleetfix.guests.pctbatch import PctBatch
 from fleetfix.importahead import import_ahead
 from fleetfix.probe.script import build_node_script, build_probe_script
 from fleetfix.target import Target
-from fleetfix.transport.base import Transport, run_script
+from fleetfix.transport.base import SHELL_STDIN, CommandResult, Transport, command_line, run_script
 
 if TYPE_CHECKING:
     from fleetfix.probe.facts import Facts, NodeFacts
@@ -127,6 +129,61 @@ class _NodeFactsCache:
         return parse_node_facts(result.stdout)
 
 
+class _NodeBatches:
+    """Containers of one node that get the same probe script share one channel (guests/pctbatch.py): the
+    first of them to start opens it, each waits for its own result. Nodes with one such container, or
+    reached through become, or whose connection cannot feed stdin over time (a test's fake), probe each
+    container on its own channel, as does anything a batch could not answer."""
+
+    # One argument of the node's command line; Linux limits one argument to 128 KiB (MAX_ARG_STRLEN).
+    MAX_COMMAND_LINE = 100_000
+
+    def __init__(self, fleet: Fleet, targets: Sequence[Target], *, deep: bool) -> None:
+        self._fleet = fleet
+        self._deep = deep
+        self._timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
+        self._expected: dict[tuple[str, tuple[str, ...]], int] = {}
+        for target in targets:
+            if target.guest.kind in NODE_BATCHES:
+                key = self._key(target)
+                self._expected[key] = self._expected.get(key, 0) + 1
+        self._batches: dict[tuple[str, tuple[str, ...]], PctBatch | None] = {}
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def _key(target: Target) -> tuple[str, tuple[str, ...]]:
+        return target.node.name, tuple(python_interpreters(target))
+
+    def run(self, target: Target) -> CommandResult | None:
+        """The target's probe result from its node's batch, or None: probe it on its own channel."""
+        key = self._key(target)
+        if self._expected.get(key, 0) < 2 or target.guest.id is None:
+            return None
+        with self._lock:
+            if key not in self._batches:
+                self._batches[key] = self._open(target, key)
+            batch = self._batches[key]
+        return None if batch is None else batch.run(target.guest.id)
+
+    def _open(self, target: Target, key: tuple[str, tuple[str, ...]]) -> PctBatch | None:
+        node = self._fleet.feedable_node_transport(target)
+        if node is None:
+            return None
+        script = with_buffered_stdout(build_probe_script(list(key[1]), deep=self._deep))
+        if len(command_line([script])) > self.MAX_COMMAND_LINE:  # as quoted for the node's shell
+            return None
+        return NODE_BATCHES[target.guest.kind](
+            node, target.node.name, SHELL_STDIN, stdin=script, timeout=self._timeout,
+            max_output=self._fleet.max_output, expected=self._expected[key])
+
+    def close(self) -> None:
+        """No more targets: each node finishes what it runs and ends its channel."""
+        with self._lock:
+            batches = [batch for batch in self._batches.values() if batch is not None]
+        for batch in batches:
+            batch.close()
+
+
 @dataclass
 class ProbeRun:
     """Every target's report, in input order; knows the exit code it calls for."""
@@ -187,6 +244,7 @@ def _probe(
 ) -> list[TargetReport | None]:
     """Each target's report, after on_done: what keep makes of it, or None with no keep."""
     node_cache = _NodeFactsCache(fleet)
+    batches = _NodeBatches(fleet, targets, deep=deep)
     importing = threading.Lock()
 
     def probe_one(target: Target, transport: Transport) -> TargetReport | None:
@@ -197,7 +255,11 @@ def _probe(
         on_node_kernel = fleet.guest(target).shares_node_kernel
         if on_node_kernel:
             node_cache.start(target)
-        facts = gather_facts(target, transport, deep=deep)
+        batched = batches.run(target)  # None: on a channel of its own
+        if batched is None:
+            facts = gather_facts(target, transport, deep=deep)
+        else:
+            facts = facts_from(batched, deep=deep)
         from fleetfix.probe.rules import diagnose  # loaded meanwhile (import_ahead)
 
         node = node_cache.get(target) if on_node_kernel else None
@@ -217,16 +279,24 @@ def _probe(
             on_done(report)
         return None if keep is None else report
 
-    return [from_outcome(outcome) for outcome in fleet.map(targets, probe_one)]
+    try:
+        outcomes = fleet.map(targets, probe_one)
+    finally:
+        batches.close()
+    return [from_outcome(outcome) for outcome in outcomes]
 
 
 def gather_facts(target: Target, transport: Transport, *, deep: bool = False) -> Facts:
     """The probe on one target, for playbooks: its facts only."""
     script = build_probe_script(python_interpreters(target), deep=deep)
     timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
-    result = run_script(transport, with_buffered_stdout(script), timeout=timeout)
+    return facts_from(run_script(transport, with_buffered_stdout(script), timeout=timeout), deep=deep)
+
+
+def facts_from(result: CommandResult, *, deep: bool) -> Facts:
+    """The facts in a probe script's result."""
     if result.timed_out:
-        raise FleetfixError(f"probe timed out after {timeout:.0f}s")
+        raise FleetfixError(f"probe timed out after {DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT:.0f}s")
     from fleetfix.probe.facts import parse_facts  # after the script ran: see MODEL_MODULES
 
     return parse_facts(result.stdout)

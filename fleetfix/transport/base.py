@@ -8,8 +8,10 @@ mapped from library errors at the seam.
 from __future__ import annotations
 
 import hashlib
+import queue
 import shlex
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import BinaryIO, Literal, Protocol, runtime_checkable
 
@@ -126,6 +128,55 @@ class Transport(Protocol):
     ) -> CommandResult:
         """Run argv (no shell on our side) with stdin; return its exit code and output. on_output, if
         given, also sees the output live, chunk by chunk."""
+        ...
+
+
+# What a fed command's result keeps of each stream (its caller reads the output as it comes, through
+# on_output): enough for an error message, not a node's worth of container outputs held twice.
+FED_RESULT_OUTPUT = 64 * 1024
+
+
+class StdinFeed:
+    """A command's stdin given over time instead of all at once: `put()` chunks from any thread, `close()`
+    for EOF. The transport's writer iterates it, blocking until the next chunk (guests/pctbatch.py feeds a
+    node the ids of the containers to run as the controller starts them)."""
+
+    def __init__(self) -> None:
+        self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self.closed = False
+
+    def put(self, data: bytes) -> bool:
+        """Queue data to be written; False (and nothing queued) once closed."""
+        with self._lock:
+            if self.closed:
+                return False
+            self._chunks.put(data)
+            return True
+
+    def close(self) -> None:
+        """EOF after what is queued. Idempotent; the transport also closes it when the command ends."""
+        with self._lock:
+            if not self.closed:
+                self.closed = True
+                self._chunks.put(None)
+
+    def __iter__(self) -> Iterator[bytes]:
+        while (chunk := self._chunks.get()) is not None:
+            yield chunk
+
+
+@runtime_checkable
+class FeedableTransport(Protocol):
+    """A transport whose commands can take their stdin over time (SSH, this machine)."""
+
+    label: str
+
+    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, on_output: OutputSink | None = None
+                    ) -> CommandResult:
+        """Run argv with feed as its stdin, no timeout: it ends when the command does (after the feed's
+        EOF, for a command that reads to the end). The feed is closed when the command has ended. The
+        output is for on_output: the result keeps at most FED_RESULT_OUTPUT bytes of each stream."""
         ...
 
 

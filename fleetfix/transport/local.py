@@ -26,9 +26,11 @@ from typing import IO, BinaryIO
 from fleetfix.errors import TransferError
 from fleetfix.transport.base import (
     DEFAULT_MAX_OUTPUT,
+    FED_RESULT_OUTPUT,
     CappedOutput,
     CommandResult,
     OutputSink,
+    StdinFeed,
     Stream,
     Transferred,
     copy_stream,
@@ -51,6 +53,18 @@ class LocalTransport:
         self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
         on_output: OutputSink | None = None,
     ) -> CommandResult:
+        return self._execute(argv, stdin, timeout, on_output, self.max_output)
+
+    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, on_output: OutputSink | None = None
+                    ) -> CommandResult:
+        """Run argv with stdin written as it is fed (`transport.base.FeedableTransport`)."""
+        try:
+            return self._execute(argv, feed, None, on_output, FED_RESULT_OUTPUT)
+        finally:
+            feed.close()
+
+    def _execute(self, argv: Sequence[str], stdin: bytes | StdinFeed, timeout: float | None,
+                 on_output: OutputSink | None, max_output: int) -> CommandResult:
         if not argv:
             raise ValueError("empty argv")
         started = time.monotonic()
@@ -63,7 +77,7 @@ class LocalTransport:
             return CommandResult(127, "", f"{argv[0]}: command not found\n", time.monotonic() - started)
         except PermissionError:
             return CommandResult(126, "", f"{argv[0]}: permission denied\n", time.monotonic() - started)
-        out, err = CappedOutput(self.max_output), CappedOutput(self.max_output)
+        out, err = CappedOutput(max_output), CappedOutput(max_output)
         try:
             timed_out = _run_streaming(process, stdin, timeout, on_output or _ignore, out, err)
         finally:
@@ -119,7 +133,7 @@ def _ignore(stream: Stream, chunk: bytes) -> None:
 
 
 def _run_streaming(
-    process: subprocess.Popen[bytes], stdin: bytes, timeout: float | None, on_output: OutputSink,
+    process: subprocess.Popen[bytes], stdin: bytes | StdinFeed, timeout: float | None, on_output: OutputSink,
     out: CappedOutput, err: CappedOutput,
 ) -> bool:
     """communicate() with live output into out and err; returns timed_out. On timeout the group is
@@ -151,6 +165,8 @@ def _run_streaming(
         timed_out = True
         _kill_group(process.pid)
         process.wait()
+    if isinstance(stdin, StdinFeed):
+        stdin.close()  # the command ended: its writer stops waiting for more
     # Like communicate(): read to EOF. After a kill, do not wait forever for children that left the group.
     drain_until = time.monotonic() + DRAIN_SECONDS if timed_out else None
     for thread, pipe in ((threads[1], process.stdout), (threads[2], process.stderr)):
@@ -162,11 +178,13 @@ def _run_streaming(
     return timed_out
 
 
-def _feed(pipe: IO[bytes], data: bytes) -> None:
+def _feed(pipe: IO[bytes], data: bytes | StdinFeed) -> None:
     """Write stdin then close it (EOF); a command that exits without reading it all is not an error."""
     with contextlib.suppress(OSError):
-        if data:
-            pipe.write(data)
+        for chunk in (data,) if isinstance(data, bytes) else data:
+            if chunk:
+                pipe.write(chunk)
+                pipe.flush()  # a fed chunk is for now, not for when the buffer fills
     with contextlib.suppress(OSError):
         pipe.close()
 

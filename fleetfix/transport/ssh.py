@@ -57,9 +57,11 @@ from fleetfix.transport._paramiko import (
 )
 from fleetfix.transport.base import (
     DEFAULT_MAX_OUTPUT,
+    FED_RESULT_OUTPUT,
     CappedOutput,
     CommandResult,
     OutputSink,
+    StdinFeed,
     Transferred,
     command_line,
     copy_stream,
@@ -310,12 +312,21 @@ class SSHConnection:
         With a timeout, the command runs under the remote watchdog (see `remote.py`), so a timed-out
         command is killed on the node, and the result has timed_out=True and exit code 124.
         """
+        return self._execute(argv, stdin, timeout, on_output, self.max_output)
+
+    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, on_output: OutputSink | None = None
+                    ) -> CommandResult:
+        """Run argv with stdin written as it is fed (`transport.base.FeedableTransport`)."""
+        return self._execute(argv, feed, None, on_output, FED_RESULT_OUTPUT)
+
+    def _execute(self, argv: Sequence[str], stdin: bytes | StdinFeed, timeout: float | None,
+                 on_output: OutputSink | None, max_output: int) -> CommandResult:
         line = command_line(with_watchdog(argv, timeout))
         self.open()
         with self._channel_slots:
             started = time.monotonic()
             try:
-                return self._run(line, stdin, timeout, started, argv[0], on_output)
+                return self._run(line, stdin, timeout, started, argv[0], on_output, max_output)
             except FleetfixError:
                 raise
             except (SSHException, EOFError, OSError) as error:
@@ -416,8 +427,8 @@ class SSHConnection:
         raise AssertionError("unreachable")
 
     def _run(
-        self, line: str, stdin: bytes, timeout: float | None, started: float, program: str,
-        on_output: OutputSink | None = None,
+        self, line: str, stdin: bytes | StdinFeed, timeout: float | None, started: float, program: str,
+        on_output: OutputSink | None, max_output: int,
     ) -> CommandResult:
         transport = self._transport
         if transport is None or not transport.is_active():
@@ -430,9 +441,11 @@ class SSHConnection:
             writer = _send_stdin(channel, stdin)
             deadline = None if timeout is None else started + timeout
             out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace, on_output,
-                                          self.max_output)
+                                          max_output)
         finally:
             channel.close()
+            if isinstance(stdin, StdinFeed):
+                stdin.close()  # the command ended: its writer stops waiting for more
             if writer is not None:
                 writer.join(timeout=5)
         duration = time.monotonic() - started
@@ -499,10 +512,10 @@ def _has_timeout_marker(stderr: str) -> bool:
     return any(line.startswith(TIMEOUT_MARKER) for line in stderr.splitlines())
 
 
-def _send_stdin(channel: paramiko.Channel, data: bytes) -> threading.Thread | None:
-    """Send stdin then EOF. Inline when it fits the peer's window (never blocks), else from a thread, so a
-    command that writes a lot before it reads cannot deadlock against us."""
-    if len(data) <= channel.out_window_size:
+def _send_stdin(channel: paramiko.Channel, data: bytes | StdinFeed) -> threading.Thread | None:
+    """Send stdin then EOF. Inline when it fits the peer's window (never blocks), else (or fed over time)
+    from a thread, so a command that writes a lot before it reads cannot deadlock against us."""
+    if isinstance(data, bytes) and len(data) <= channel.out_window_size:
         _send_all_then_eof(channel, data)
         return None
     writer = threading.Thread(target=_send_all_then_eof, args=(channel, data), daemon=True)
@@ -510,11 +523,12 @@ def _send_stdin(channel: paramiko.Channel, data: bytes) -> threading.Thread | No
     return writer
 
 
-def _send_all_then_eof(channel: paramiko.Channel, data: bytes) -> None:
+def _send_all_then_eof(channel: paramiko.Channel, data: bytes | StdinFeed) -> None:
     _stdin_sender.channel = channel
     try:
-        if data:
-            channel.sendall(data)
+        for chunk in (data,) if isinstance(data, bytes) else data:
+            if chunk:
+                channel.sendall(chunk)
         channel.shutdown_write()
     except (OSError, EOFError, SSHException):
         pass  # the command exited without reading everything: its result says what happened

@@ -67,14 +67,24 @@ def test_older_toolkit_is_a_minor_mismatch(
     assert problems(report) == ["CUDA_TOOLKIT_MINOR_MISMATCH"]
 
 
-def test_one_channel_per_container_plus_one_per_node(lab: Lab, make_ct: Callable[..., Container]) -> None:
-    first, second = make_ct(setup=problem_case), make_ct(setup=problem_case)
+def test_a_nodes_containers_share_one_channel_plus_one_for_node_facts(
+    lab: Lab, make_ct: Callable[..., Container],
+) -> None:
+    # Three containers, one of them stopped: one connection, one batch channel (guests/pctbatch.py) and
+    # the node facts' channel; the stopped one is reported as such and does not hold up the others.
+    first, second, stopped = make_ct(setup=problem_case), make_ct(setup=problem_case), make_ct(running=False)
     node = lab.node().ssh
     connections, channels = node.connections(), node.session_channels()
-    result = run_cli("probe", *host_args(lab, None, first.ctid, second.ctid), "--json")
-    assert len(result.json()["targets"]) == 2
+    result = run_cli("probe", *host_args(lab, None, first.ctid, second.ctid, stopped.ctid), "--json")
+    reports = {report["ctid"]: report for report in result.json()["targets"]}
     assert node.connections() - connections == 1
-    assert node.session_channels() - channels == 3
+    assert node.session_channels() - channels == 2
+    for ct in (first, second):
+        assert reports[ct.ctid]["status"] == "ok"
+        assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" in problems(reports[ct.ctid])
+    stopped_report = reports[stopped.ctid]
+    assert stopped_report["status"] == "unreachable"
+    assert stopped_report["error"] == f"CT {stopped.ctid} on {stopped_report['node']} is stopped"
 
 
 def test_probe_local_reports_the_real_nvcc() -> None:

@@ -34,7 +34,7 @@ from fleetfix.errors import (
 from fleetfix.fleet import Fleet
 from fleetfix.guests.lxc import PctTransport
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
-from fleetfix.transport.base import run_script
+from fleetfix.transport.base import CommandResult, StdinFeed, run_script
 from fleetfix.transport.ssh import OPEN_RETRY_DELAYS, SSHConnection, SSHTransport
 from tests.lab.sshd import SshNode, free_port, keygen, start_node
 from tests.waiting import wait_for
@@ -162,6 +162,31 @@ def test_one_megabyte_each_way(connection: SSHConnection) -> None:
     assert result.exit_code == 0
     assert len(result.stdout) == 1 << 20
     assert result.stderr.split()[0] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_fed_stdin_reaches_the_node_as_it_is_fed(connection: SSHConnection) -> None:
+    # Each line is answered before the next is fed: nothing waits for EOF or for a buffer to fill.
+    feed = StdinFeed()
+    answers: list[bytes] = []
+    answered = threading.Condition()
+
+    def on_output(stream: str, chunk: bytes) -> None:
+        with answered:
+            answers.append(chunk)
+            answered.notify_all()
+
+    result: list[CommandResult] = []
+    runner = threading.Thread(target=lambda: result.append(connection.execute_fed(
+        ["/bin/sh", "-c", 'while read -r line; do echo "got $line"; done; echo end'], feed,
+        on_output=on_output)))
+    runner.start()
+    for word in ("one", "two", "three"):
+        feed.put(f"{word}\n".encode())
+        with answered:
+            assert answered.wait_for(lambda w=word: f"got {w}\n".encode() in b"".join(answers), 10), word
+    feed.close()
+    runner.join(10)
+    assert result[0].exit_code == 0 and result[0].stdout == "got one\ngot two\ngot three\nend\n"
 
 
 def test_timeout_reports_and_kills_the_remote_command(connection: SSHConnection) -> None:
