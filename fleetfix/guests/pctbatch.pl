@@ -38,6 +38,7 @@ sub start_job {
         return emit({ %$job, status => 126, err => "fleetfix: fork: $!\n" });
     }
     if ($pid == 0) {
+        $SIG{PIPE} = 'DEFAULT';  # an ignored signal stays ignored across exec: pipelines in the CT need it
         POSIX::setpgid(0, 0);
         open(STDIN, '<', $input_path) && open(STDOUT, '>&', $out_w) && open(STDERR, '>&', $err_w)
             or POSIX::_exit(126);

@@ -145,6 +145,15 @@ def test_without_perl_every_container_is_left_to_its_own_channel(node: Path, tmp
     assert pct_batch.error is not None and started(node) == []
 
 
+def test_the_container_gets_the_default_sigpipe_not_the_drivers(node: Path) -> None:
+    # The driver ignores SIGPIPE for itself; a pipeline in the container (`producer | head -1`) relies on
+    # the producer dying of it, as it does under one channel per container.
+    script = "awk '/^SigIgn:/ { print $2 }' /proc/self/status\n"
+    [result] = run_all(batch(1, stdin=script), [200]).values()
+    assert isinstance(result, CommandResult) and result.exit_code == 0
+    assert int(result.stdout, 16) & (1 << (13 - 1)) == 0, result.stdout  # signal 13, SIGPIPE
+
+
 def test_a_node_without_pct_says_so_as_one_channel_would(node: Path) -> None:
     no_pct = LocalTransport("pve1", env={"PATH": "/usr/bin:/bin"})  # perl, but no pct stand-in
     results = run_all(batch(2, node=no_pct), [200, 201])
