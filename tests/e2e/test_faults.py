@@ -689,8 +689,12 @@ def test_12_ctrl_c_during_audit_keeps_finished_targets(
         wait_for(lambda: len(pids_running(f"sleep {marker}")) >= 8, 60, "eight probes in flight")
         process.send_signal(signal.SIGINT)
         result = finish(process)
+        # The node ran the containers over one channel: it never started the two the run did not start
+        # (their probe would still be asleep here, as each of the eight was for 2 s).
+        started_after = pids_running(f"sleep {marker}")
     finally:
         kill_quietly(pids_running(f"sleep {marker}"))
+    assert not started_after, "containers were started on the node after the interrupt"
     assert result.exit_code == EXIT_INTERRUPTED, result.stdout + result.stderr
     report = result.json()
     statuses = [t["status"] for t in report["targets"]]
