@@ -61,7 +61,7 @@ class LocalTransport:
         try:
             return self._execute(argv, feed, None, on_output, FED_RESULT_OUTPUT)
         finally:
-            feed.close()
+            feed.close()  # the command ended (or never started): its writer stops waiting for more
 
     def _execute(self, argv: Sequence[str], stdin: bytes | StdinFeed, timeout: float | None,
                  on_output: OutputSink | None, max_output: int) -> CommandResult:
@@ -165,8 +165,6 @@ def _run_streaming(
         timed_out = True
         _kill_group(process.pid)
         process.wait()
-    if isinstance(stdin, StdinFeed):
-        stdin.close()  # the command ended: its writer stops waiting for more
     # Like communicate(): read to EOF. After a kill, do not wait forever for children that left the group.
     drain_until = time.monotonic() + DRAIN_SECONDS if timed_out else None
     for thread, pipe in ((threads[1], process.stdout), (threads[2], process.stderr)):

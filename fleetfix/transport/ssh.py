@@ -317,7 +317,10 @@ class SSHConnection:
     def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, on_output: OutputSink | None = None
                     ) -> CommandResult:
         """Run argv with stdin written as it is fed (`transport.base.FeedableTransport`)."""
-        return self._execute(argv, feed, None, on_output, FED_RESULT_OUTPUT)
+        try:
+            return self._execute(argv, feed, None, on_output, FED_RESULT_OUTPUT)
+        finally:
+            feed.close()  # also when no channel could be opened
 
     def _execute(self, argv: Sequence[str], stdin: bytes | StdinFeed, timeout: float | None,
                  on_output: OutputSink | None, max_output: int) -> CommandResult:
@@ -445,7 +448,7 @@ class SSHConnection:
         finally:
             channel.close()
             if isinstance(stdin, StdinFeed):
-                stdin.close()  # the command ended: its writer stops waiting for more
+                stdin.close()  # the command ended: its writer stops waiting for more, before the join
             if writer is not None:
                 writer.join(timeout=5)
         duration = time.monotonic() - started
