@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import base64
+import os
 import stat
 import subprocess
 from pathlib import Path
 
 import pytest
-from paramiko import PKey
+from paramiko import HostKeys, PKey
 
-from fleetfix.errors import ChangedHostKeyError, UnknownHostKeyError
+from fleetfix.errors import ChangedHostKeyError, HostKeyError, UnknownHostKeyError
+from fleetfix.transport import hostkeys
 from fleetfix.transport.hostkeys import KnownHosts, fingerprint, known_hosts_name, parse_line
 
 
@@ -139,3 +141,75 @@ def test_parse_line_markers() -> None:
     entry = parse_line("@cert-authority *.lan ssh-ed25519 AAAA")
     assert entry is not None and entry.marker == "@cert-authority" and entry.patterns == ("*.lan",)
     assert parse_line("   ") is None and parse_line("# x y z") is None
+
+
+def test_hashed_names_match_exactly_as_paramiko_hashes_them() -> None:
+    names = ["pve1", "PVE1", "[127.0.0.2]:2222", "10.1.2.6", "node-\u00e9.lan", ""]
+    patterns = [HostKeys.hash_host(name) for name in names]
+    salt = patterns[0].split("|")[2]
+    patterns += [
+        patterns[0] + "|",  # a field too many
+        patterns[0].replace(salt, salt.rstrip("=")),  # the salt's base64 not canonical
+        f"|1|{base64.b64encode(b'short').decode()}|AAAA",  # a salt of the wrong size
+        "|1|not base64!|AAAA", "|1|", "|2|x|y",
+    ]
+    for pattern in patterns:
+        for name in names:
+            try:
+                expected = HostKeys.hash_host(name, pattern) == pattern
+            except (AssertionError, ValueError, IndexError):  # paramiko on salts it cannot use
+                expected = False
+            assert hostkeys._hashed_name_matches(name, pattern) is expected, (name, pattern)
+
+
+def test_a_fleet_of_lookups_parses_the_file_once_until_it_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: tuple[PKey, str]
+) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text("".join(f"[127.0.0.{i}]:22{i:02d} {key[1]}\n" for i in range(1, 51)))
+    parsed: list[Path] = []
+    real = hostkeys.load_known_hosts
+    monkeypatch.setattr(hostkeys, "load_known_hosts", lambda path: parsed.append(path) or real(path))
+    for i in range(1, 51):  # each node: a connection, a new KnownHosts, two lookups
+        known_hosts = KnownHosts(str(known))
+        known_hosts.preferred_algorithms(f"127.0.0.{i}", 2200 + i, ("ssh-ed25519",))
+        known_hosts.verify(f"127.0.0.{i}", 2200 + i, key[0], accept_new=False)
+    assert parsed == [known]
+    # accept-new appends a host: the next lookup reads the file again and finds it
+    KnownHosts(str(known)).verify("pve-new", 22, key[0], accept_new=True)
+    KnownHosts(str(known)).verify("pve-new", 22, key[0], accept_new=False)
+    assert parsed == [known, known]  # once more, after the append
+    known.write_text(f"[127.0.0.1]:2201 {key[1]}\n")  # rewritten: the other hosts are gone
+    with pytest.raises(UnknownHostKeyError):
+        KnownHosts(str(known)).verify("127.0.0.2", 2202, key[0], accept_new=False)
+
+
+def test_indexed_entries_keep_file_order_and_openssh_matching(tmp_path: Path) -> None:
+    _, ecdsa = make_key(tmp_path / "ec", "ecdsa")
+    _, rsa = make_key(tmp_path / "rsa", "rsa")
+    _, ed = make_key(tmp_path / "ed")
+    known = tmp_path / "known_hosts"
+    # a wildcard line (matched one by one) before plain lines (found by name): file order still decides
+    known.write_text(f"*.lan,!other.lan {rsa}\nPVE1.lan {ecdsa}\npve1.lan,pve1.lan {ed}\n")
+    offered = ("ssh-ed25519", "ecdsa-sha2-nistp256", "rsa-sha2-512", "rsa-sha2-256")
+    assert KnownHosts(str(known)).preferred_algorithms("pve1.lan", 22, offered) == [
+        "rsa-sha2-512", "rsa-sha2-256", "ecdsa-sha2-nistp256", "ssh-ed25519",
+    ]
+    assert [e.key_type for e in KnownHosts(str(known)).entries_for("pve1.LAN", 22)] == [
+        "ssh-rsa", "ecdsa-sha2-nistp256", "ssh-ed25519",  # names are not case-sensitive; each line once
+    ]
+    assert KnownHosts(str(known)).entries_for("other.lan", 22) == []
+
+
+def test_a_known_hosts_that_cannot_be_read_is_a_host_key_error(tmp_path: Path, key: tuple[PKey, str]
+                                                                ) -> None:
+    known = tmp_path / "known_hosts"
+    known.mkdir()
+    with pytest.raises(HostKeyError, match=f"cannot read known_hosts {known}"):
+        KnownHosts(str(known)).verify("pve1", 22, key[0], accept_new=False)
+    if os.geteuid() != 0:  # root reads a 0000 file anyway
+        known.rmdir()
+        known.write_text("")
+        known.chmod(0)
+        with pytest.raises(HostKeyError, match="cannot read known_hosts"):
+            KnownHosts(str(known)).verify("pve1", 22, key[0], accept_new=False)

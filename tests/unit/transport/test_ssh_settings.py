@@ -12,6 +12,7 @@ import pytest
 
 from fleetfix.errors import AuthenticationError, ConfigError, ConnectError
 from fleetfix.target import SSHSettings
+from fleetfix.transport import ssh
 from fleetfix.transport.ssh import (
     PASSPHRASE_ENV,
     SSHConnection,
@@ -78,6 +79,54 @@ def test_encrypted_key_needs_the_passphrase_from_the_environment(
     assert "wrong" not in str(wrong.value).replace("wrong passphrase", "")  # the passphrase is never shown
     monkeypatch.setenv(PASSPHRASE_ENV, "s3cret-pass")
     assert load_private_key(path).can_sign()
+
+
+@pytest.fixture
+def counted_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every real load of a key file (parse and KDF) from here on, by path."""
+    loads: list[str] = []
+    real = ssh._load_private_key
+
+    def counting(path: str, full_path: str, passphrase: str | None) -> object:
+        loads.append(path)
+        return real(path, full_path, passphrase)
+
+    monkeypatch.setattr(ssh, "_load_private_key", counting)
+    return loads
+
+
+def test_a_key_file_is_loaded_once_per_process_until_it_changes(tmp_path: Path, counted_loads: list[str]
+                                                                ) -> None:
+    path = str(keygen(tmp_path / "id", ""))
+    found: list[object] = []
+    threads = [threading.Thread(target=lambda: found.append(load_private_key(path))) for _ in range(8)]
+    for thread in threads:  # the first connects of a fleet ask for it all at once
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(found) == 8 and all(key is found[0] for key in found)
+    assert counted_loads == [path]
+    Path(path).unlink()
+    keygen(tmp_path / "id", "")  # replaced by another key: loaded again
+    assert load_private_key(path).fingerprint != found[0].fingerprint  # type: ignore[attr-defined]
+    assert counted_loads == [path, path]
+
+
+def test_a_key_that_fails_to_load_fails_once_with_the_same_message(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, counted_loads: list[str]
+) -> None:
+    path = str(keygen(tmp_path / "enc", "s3cret-pass"))
+    monkeypatch.setenv(PASSPHRASE_ENV, "wrong")
+    messages = set()
+    for _ in range(3):  # one node's connection each: the KDF ran for the first only
+        with pytest.raises(AuthenticationError) as caught:
+            load_private_key(path)
+        messages.add(str(caught.value))
+    assert messages == {f"cannot load identity file {path}: wrong passphrase or unreadable key"}
+    assert counted_loads == [path]
+    monkeypatch.setenv(PASSPHRASE_ENV, "s3cret-pass")  # another passphrase: tried again
+    assert load_private_key(path).can_sign()
+    assert counted_loads == [path, path]
 
 
 def test_missing_and_garbage_identity_files(tmp_path: Path) -> None:
