@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fleetfix import yamlsource
 from fleetfix.errors import ConfigError, KeyPermissionError, ProbeOutputError
 from fleetfix.probe.facts import parse_facts
 from fleetfix.transport.ssh import load_private_key
@@ -74,7 +75,8 @@ def test_ordinary_anchors_and_merge_keys_still_load() -> None:
 @pytest.mark.parametrize(("text", "message"), [
     ("a: &a [*a]\n", "an alias refers to a node that contains it"),
     ("a: " + "[" * 70 + "]" * 70 + "\n", "nested more than 64 levels deep"),
-    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+    ("a: " + "[" * 5000 + "]" * 5000 + "\n", "f.yaml:1: invalid YAML: nested more than 64 levels deep"),
+    ("a:\n" + "".join(" " * i + "-\n" for i in range(1, 1200)), "nested more than 64 levels deep"),
     ("port: " + "9" * 5000 + "\n", "an integer of 5000 digits"),
     ("port: 0x" + "f" * 40 + "\n", "an integer of 42 digits"),
     ("when: 2001-13-45\n", "month must be in 1..12"),
@@ -170,3 +172,29 @@ def test_huge_numbers_in_a_playbook_are_one_line(tmp_path: Path, field: str, val
         {"name": "s", "check": "false", "apply": "true", field: value}]}))
     line = one_line_error(fleetfix("apply", str(playbook), "--local", "--check"), 2)
     assert f"steps.0.{field}" in line
+
+
+@pytest.mark.parametrize("text", [
+    "defaults: {user: root}\nnodes:\n- name: a\n  containers:\n  - ctid: 200\n    vars: {python: python3}\n",
+    "base: &b {user: ops, port: 22}\nnodes:\n- {<<: *b, name: a}\n- when: 2001-12-14\n  n: 0x1f\n",
+    "a: " + "[" * 70 + "]" * 70 + "\n",
+    "a: &a [*a]\n",
+    "a: [1, 2\n",
+    "key: value\n bad indent: here\n",
+])
+def test_libyaml_and_the_pure_python_parser_give_the_same_data_lines_and_errors(
+    monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    if yamlsource._LOADER is yaml.SafeLoader:
+        pytest.skip("PyYAML without libyaml here: only the pure-Python parser to compare")
+
+    def parsed() -> tuple[object, dict[object, int]] | str:
+        try:
+            data, where = parse_yaml(text, "f.yaml")
+        except ConfigError as error:
+            return str(error).split(": invalid YAML")[0]  # file:line; libyaml words its errors its own way
+        return data, where._lines
+
+    with_libyaml = parsed()
+    monkeypatch.setattr(yamlsource, "_LOADER", yaml.SafeLoader)
+    assert parsed() == with_libyaml
