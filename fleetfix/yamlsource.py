@@ -38,7 +38,7 @@ _INT_TAG = "tag:yaml.org,2002:int"
 # marks as the pure-Python parser, ~3x faster to compose (a 10,000-target inventory: 0.7 s against 2.2 s;
 # docs/performance.md). Its composer recurses in C, without Python's recursion limit, and libyaml before
 # 2024 has no nesting limit of its own: `_check_nesting` walks its event stream (no recursion) first.
-_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # CSafeLoader: not a SafeLoader subclass
 _NEST = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _UNNEST = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 

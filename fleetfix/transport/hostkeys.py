@@ -105,11 +105,11 @@ class _Index:
     """A known_hosts file's entries, found by name without reading every line for every name.
 
     Why: a fleet looks up each of its nodes (twice per connection), and the file usually lists every node:
-    parsing the whole file on each lookup made N nodes cost O(N^2), ~8 s of CPU at 1,000 nodes, ~24 s with
-    hashed names (benchmarks/node_costs.py). Entries whose patterns are all plain names are found in a dict.
-    A hashed name can only be found by hashing the name with each hashed entry's salt, as OpenSSH does, so
-    those stay one HMAC per entry (in one C call, the salt decoded once); wildcard and negated patterns are
-    matched one by one. Each name's result is kept.
+    parsing the whole file on each lookup made N nodes cost O(N^2): 6-9 s of CPU at 1,000 nodes, 15-24 s
+    with hashed names (benchmarks/node_costs.py). Entries whose patterns are all plain names are found in a
+    dict. A hashed name can only be found by hashing the name with each hashed entry's salt, as OpenSSH
+    does, so those stay one HMAC per entry (in one C call, the salt decoded once); wildcard and negated
+    patterns are matched one by one. Each name's result is kept.
     """
 
     by_name: dict[str, list[tuple[int, KnownHostEntry]]] = field(default_factory=dict)
@@ -247,9 +247,8 @@ def _hashed_pattern(pattern: str) -> tuple[bytes, bytes] | None:
         salt, digest = b64decode(fields[2], validate=True), b64decode(fields[3], validate=True)
     except (Base64Error, ValueError):
         return None
-    canonical = len(salt) == len(digest) == 20 and b64encode(salt) + b"|" + b64encode(digest) == (
-        f"{fields[2]}|{fields[3]}".encode())
-    return (salt, digest) if canonical else None
+    canonical = b64encode(salt).decode() == fields[2] and b64encode(digest).decode() == fields[3]
+    return (salt, digest) if canonical and len(salt) == len(digest) == 20 else None
 
 
 @functools.lru_cache(maxsize=1024)
