@@ -34,7 +34,8 @@ SAMPLE = 40  # nodes
 
 
 def node_address(index: int) -> tuple[str, int]:
-    return f"10.{index // 62500}.{index // 250 % 250}.{index % 250 + 1}", 22
+    """A node's name and port, for the file only: nothing here connects (.test is reserved, RFC 6761)."""
+    return f"pve{index}.fleet.test", 22
 
 
 def write_known_hosts(path: Path, nodes: int, key_line: str, *, hashed: bool) -> None:
