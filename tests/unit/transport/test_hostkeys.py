@@ -144,7 +144,7 @@ def test_parse_line_markers() -> None:
 
 
 def test_hashed_names_match_exactly_as_paramiko_hashes_them() -> None:
-    names = ["pve1", "PVE1", "[127.0.0.2]:2222", "10.1.2.6", "node-\u00e9.lan", ""]
+    names = ["pve1", "PVE1", "[127.0.0.2]:2222", "pve7.fleet.test", "node-\u00e9.lan", ""]
     patterns = [HostKeys.hash_host(name) for name in names]
     salt = patterns[0].split("|")[2]
     patterns += [
