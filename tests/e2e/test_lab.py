@@ -325,7 +325,8 @@ def test_a_lab_starts_fast_and_leaves_nothing_behind(tmp_path: Path) -> None:
     first = bed.add_container("pve1", 200)
     bed.add_container("pve2", 200)
     elapsed = time.monotonic() - started
-    assert elapsed < 3.0, f"2 nodes + 2 containers took {elapsed:.2f}s"
+    # ~0.5 s here; the bound only catches a bed that waits on something (its speed is not a test's business).
+    assert elapsed < 15, f"2 nodes + 2 containers took {elapsed:.2f}s"
     # A container started through `pct start` over SSH must be cleaned up too.
     bed.add_container("pve2", 201, running=False)
     assert pct(bed, "start", "201", node="pve2").returncode == 0
