@@ -18,16 +18,23 @@ from collections.abc import Sequence
 # Written to stderr by the watchdog just before it kills the process group.
 TIMEOUT_MARKER = "fleetfix: timed out after"
 
-# $1: seconds; $2...: the command. The stop (TERM from the command's side) can arrive between the timer's
-# `sleep &` and `s=$!`, when the trap does not know the sleep yet: the trap only marks it, and the timer
-# kills its own sleep once it knows it (found by a unit test leaving a 2-hour sleep behind under load).
+# $1: seconds; $2...: the command. The watchdog is a background subshell that sleeps, then kills the whole
+# process group; when the command ends first, its TERM makes the subshell kill its sleep and exit. Races,
+# each found by a test under load:
+# - The stop can arrive between the timer's `sleep &` and `s=$!`, when the trap does not know the sleep
+#   yet: the trap only marks it, and the timer kills its own sleep once it knows it.
+# - The sleep is killed with KILL, never TERM: a stop right after `sleep &` reaches the forked shell before
+#   it has exec'd sleep, while it still has the trap's handler, which only notes the signal, and exec then
+#   forgets it. A TERM there was lost, and the subshell, waiting on a sleep that lived on, held the
+#   command's stderr open until the timeout (hours for a build step): the channel's EOF never came.
+#   dash's `wait` reports a child killed by a signal ("Killed") on stderr: not the command's output.
 # The sleep gets /dev/null for its output so that nothing left of it could hold the channel open.
 _WATCHDOG = (
     't=$1; shift; '
-    '( s=; stop=; trap \'stop=1; kill "$s" 2>/dev/null\' TERM; '
+    '( s=; stop=; trap \'stop=1; kill -KILL "$s" 2>/dev/null\' TERM; '
     'sleep "$t" </dev/null >/dev/null 2>&1 & s=$!; '
-    '[ -z "$stop" ] || { kill "$s" 2>/dev/null; exit 0; }; '
-    'wait "$s" || exit 0; '
+    '[ -z "$stop" ] || { kill -KILL "$s" 2>/dev/null; exit 0; }; '
+    'wait "$s" 2>/dev/null || exit 0; '
     f'echo "{TIMEOUT_MARKER} ${{t}}s: killing the command" >&2; '
     "kill -KILL 0 ) </dev/null & k=$!; "
     '"$@"; rc=$?; kill "$k" 2>/dev/null; exit "$rc"'

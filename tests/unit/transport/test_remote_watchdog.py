@@ -56,3 +56,16 @@ def test_no_timer_is_left_behind_after_a_normal_exit() -> None:
     result = LocalTransport().execute(with_watchdog(["true"], seconds))
     assert result.exit_code == 0
     wait_for(lambda: alive(f"^sleep {seconds}$") == [], 5, "the timer to be gone")
+
+
+def test_a_quick_command_never_leaves_its_timer_or_its_output_open() -> None:
+    # The race: the command's stop reaching the watchdog just after `sleep &`, before the forked shell had
+    # exec'd sleep. With TERM, about 1 run in 50 left a sleep behind, and now and then the watchdog itself,
+    # holding stderr open until the timeout (a hung SSH channel in CI). 300 runs miss a 1-in-50 race with a
+    # probability of ~0.2%.
+    seconds = 7000 + uuid.uuid4().int % 900
+    argv = list(with_watchdog(["sh", "-c", "exit 3"], seconds))
+    for _ in range(300):
+        done = subprocess.run(argv, capture_output=True, timeout=60)  # returns once stdout/stderr close
+        assert (done.returncode, done.stderr) == (3, b"")
+    wait_for(lambda: alive(f"^sleep {seconds}$") == [], 5, "every timer to be gone")
