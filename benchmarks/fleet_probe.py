@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.measure import Measured, SshCounts, SshdLogCounter, measure
+from benchmarks.measure import Measured, SshCounts, SshdLogCounter, compile_fleetfix, measure
 from fleetfix.probe import build_node_script, build_probe_script, parse_facts
 from tests.lab.bed import Lab
 
@@ -695,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (tool outputs)")
     args = parser.parse_args(argv)
+    compile_fleetfix()
 
     workdir = Path(tempfile.mkdtemp(prefix="fleetfix-bench-"))
     try:

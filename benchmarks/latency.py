@@ -40,7 +40,7 @@ from benchmarks.fleet_probe import (
     write_floor_driver,
     write_proxy_known_hosts,
 )
-from benchmarks.measure import measure
+from benchmarks.measure import compile_fleetfix, measure
 from fleetfix.probe import build_probe_script
 from fleetfix.probe.run import with_buffered_stdout
 
@@ -89,6 +89,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--json", type=Path)
     options = parser.parse_args()
+    compile_fleetfix()
     work = Path(tempfile.mkdtemp(prefix="fleetfix-latency-"))
     log = work / "timestamps.log"
     bed = start_fleet(work, 1, 8, options.rtt_ms, timestamps=log)

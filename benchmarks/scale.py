@@ -39,7 +39,7 @@ from typing import Any
 
 from benchmarks.dashboard import PROFILES, _fixture
 from benchmarks.fleet_probe import _python_env
-from benchmarks.measure import measure
+from benchmarks.measure import compile_fleetfix, measure
 from tests.lab.bed import Lab
 
 REPO = Path(__file__).resolve().parents[1]
@@ -152,6 +152,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     options = parser.parse_args()
+    compile_fleetfix()
     steps = [int(step) for step in options.steps.split(",")]
     work = Path(tempfile.mkdtemp(prefix="fleetfix-scale-"))
     lab = start_bed(work, max(1, -(-max(steps) // PER_NODE)), options.seed)

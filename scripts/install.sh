@@ -43,4 +43,9 @@ pip=("$venv/bin/python" -m pip --disable-pip-version-check --quiet)
 # The project itself, built by the locked setuptools already in the venv (no isolated build env that
 # would fetch whatever setuptools is newest today).
 "${pip[@]}" install --no-deps --no-build-isolation --editable "$repo_root"
+# Bytecode now, as pip does for a wheel: an editable install otherwise compiles fleetfix's modules from
+# source on every start wherever PYTHONDONTWRITEBYTECODE is set (common in container images; set on this
+# project's development machines): ~80 ms of CPU per run, much of it before the first packet
+# (docs/performance.md).
+"$venv/bin/python" -m compileall -q "$repo_root/fleetfix"
 echo "$venv/bin/fleetfix"

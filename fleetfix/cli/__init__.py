@@ -1,25 +1,47 @@
 """The command line: the only package that imports click and prints. Everything below returns data.
 
 One module per command family; each command returns its run's ExitCode (errors.ExitCode, also in
-docs/cli.md). A new command is a module here and its line below.
+docs/cli.md). A new command is a module here and its line in COMMANDS below.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import click
 
 from fleetfix import __version__
-from fleetfix.cli.apply import apply_command
-from fleetfix.cli.audit import audit_group
-from fleetfix.cli.exec import exec_command
-from fleetfix.cli.inventory import inventory_group
-from fleetfix.cli.probe import probe_command
-from fleetfix.cli.runs import runs_group
-from fleetfix.cli.schedule import schedule_group
-from fleetfix.cli.wheels import wheels_group
+
+# name -> "module:attribute". A command's module is imported only when that command is named (or listed, by
+# `--help`): `fleetfix probe` does not load apply, audit, schedule, wheels... (~10 ms of its ~100 ms start
+# before the first packet, `python -X importtime`; docs/performance.md).
+COMMANDS = {
+    "apply": "fleetfix.cli.apply:apply_command",
+    "audit": "fleetfix.cli.audit:audit_group",
+    "exec": "fleetfix.cli.exec:exec_command",
+    "inventory": "fleetfix.cli.inventory:inventory_group",
+    "probe": "fleetfix.cli.probe:probe_command",
+    "runs": "fleetfix.cli.runs:runs_group",
+    "schedule": "fleetfix.cli.schedule:schedule_group",
+    "wheels": "fleetfix.cli.wheels:wheels_group",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class LazyGroup(click.Group):
+    """A group whose subcommands (COMMANDS) are imported on first use."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, _, attribute = COMMANDS[cmd_name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), attribute), cmd_name)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="fleetfix")
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks and live output.")
 def main(verbose: bool) -> None:
@@ -33,11 +55,9 @@ def main(verbose: bool) -> None:
     """
 
 
-main.add_command(apply_command)
-main.add_command(audit_group)
-main.add_command(exec_command)
-main.add_command(inventory_group)
-main.add_command(probe_command)
-main.add_command(runs_group)
-main.add_command(schedule_group)
-main.add_command(wheels_group)
+def command(name: str) -> click.Command:
+    """The subcommand called `name`, imported if it was not yet (tests and docs read its options)."""
+    found = main.get_command(click.Context(main), name)
+    if found is None:
+        raise KeyError(name)
+    return found

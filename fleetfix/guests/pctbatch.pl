@@ -28,7 +28,9 @@ my $reading = 1;
 
 sub start_job {
     my ($id) = @_;
-    my $job = { id => $id, out => '', err => '', dropped => 0, open => 0, deadline => time + $backstop };
+    # `time` is whole seconds (Time::HiRes is not in Debian's perl-base): now is up to 1 s past it, so the
+    # deadline gets that second too, or a kill could come before the backstop (seen at 2.03 s of 3).
+    my $job = { id => $id, out => '', err => '', dropped => 0, open => 0, deadline => time + $backstop + 1 };
     my ($out_r, $out_w, $err_r, $err_w);
     unless (pipe($out_r, $out_w) && pipe($err_r, $err_w)) {
         return emit({ %$job, status => 126, err => "fleetfix: pipe: $!\n" });

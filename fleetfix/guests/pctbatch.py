@@ -24,9 +24,10 @@ subshell, `timeout`, `flock` and `cat` per container (measured on this bed: 9.3 
 container against 4.2 ms here, where one channel per container costs 5.4 ms plus sshd's session).
 
 Timeouts: the watchdog inside the container fires first (`container_argv`, as with a channel each). The
-driver's backstop, two seconds later, SIGKILLs that pct's process group only: the one-channel backstop (the
-node's watchdog) `kill -KILL 0`s its session, which here would be every container of the batch. The
-controller waits for a frame until the backstop plus FRAME_GRACE_SECONDS, then reports a timeout.
+driver's backstop, two to three seconds later (its clock counts whole seconds), SIGKILLs that pct's process
+group only: the one-channel backstop (the node's watchdog) `kill -KILL 0`s its session, which here would be
+every container of the batch. The controller waits for a frame until the backstop plus FRAME_GRACE_SECONDS,
+then reports a timeout.
 
 Whatever the batch cannot answer, `run` returns None for, and the caller runs that container on its own
 channel: no perl on the node (the driver fails before it reads an id), a lost connection, output that does

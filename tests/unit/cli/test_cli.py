@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
 
-from fleetfix.cli import main
+from fleetfix.cli import COMMANDS, main
+from fleetfix.cli import command as command_named
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -79,7 +82,7 @@ def test_forks_default_is_the_fleet_runners() -> None:
     from fleetfix.fleet import DEFAULT_FORKS
 
     for command in ("probe", "exec", "apply", "audit"):
-        [forks] = [p for p in main.commands[command].params if p.name == "forks"]
+        [forks] = [p for p in command_named(command).params if p.name == "forks"]
         assert forks.default == DEFAULT_FORKS, command
 
 
@@ -94,3 +97,24 @@ def test_runs_show_last_is_the_newest_run(tmp_path: Path) -> None:
     assert code == 0 and out.startswith("run 20261202T120000Z-000000 newer apply: ok")
     code, _, err = invoke("runs", "show", "last", "--state-dir", str(tmp_path / "none"))
     assert code == 2 and "no runs recorded" in err
+
+
+def test_a_command_loads_only_its_own_module() -> None:
+    program = (
+        "import sys\nfrom fleetfix.cli import main\n"
+        "try:\n    main(['probe', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('loaded:', *(m for m in sys.modules if m.startswith('fleetfix.cli.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = set(done.stdout.splitlines()[-1].split()[1:])
+    assert "fleetfix.cli.probe" in loaded
+    assert not loaded & {"fleetfix.cli.apply", "fleetfix.cli.audit", "fleetfix.cli.wheels"}
+
+
+def test_every_listed_command_loads_and_is_named_as_listed() -> None:
+    code, out, _ = invoke("--help")
+    assert code == 0
+    for name in COMMANDS:
+        assert command_named(name).name == name
+        assert f"  {name} " in out

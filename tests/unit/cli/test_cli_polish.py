@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from rich.table import Table
 
 from fleetfix.audit import AuditStore
-from fleetfix.cli import main
+from fleetfix.cli import command, main
 from fleetfix.cli.audit import audit_group
 from fleetfix.cli.common import RolloutOptions
 from fleetfix.errors import (
@@ -91,7 +91,7 @@ def _options(command: click.Command) -> dict[str, click.Option]:
 
 
 def test_apply_and_audit_declare_the_same_rollout_options() -> None:
-    apply_options, audit_options = _options(main.commands["apply"]), _options(audit_group)
+    apply_options, audit_options = _options(command("apply")), _options(audit_group)
     for name in ROLLOUT_FIELDS:
         ours, theirs = apply_options[name], audit_options[name]
         assert ours.opts == theirs.opts, name
