@@ -56,7 +56,7 @@ def main(verbose: bool) -> None:
 
 
 def command(name: str) -> click.Command:
-    """The subcommand called `name`, imported if it was not yet (tests and docs read its options)."""
+    """The subcommand called `name`, imported if it was not yet (the tests read its options)."""
     found = main.get_command(click.Context(main), name)
     if found is None:
         raise KeyError(name)
