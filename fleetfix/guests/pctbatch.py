@@ -29,9 +29,9 @@ group only: the one-channel backstop (the node's watchdog) `kill -KILL 0`s its s
 every container of the batch. The controller waits for a frame until the backstop plus FRAME_GRACE_SECONDS,
 then reports a timeout.
 
-Whatever the batch cannot answer, `run` returns None for, and the caller runs that container on its own
-channel: no perl on the node (the driver fails before it reads an id), a lost connection, output that does
-not parse as frames.
+Whatever the batch cannot answer, `run` (and `result`) returns None for, and the caller runs that container
+on its own channel: no perl on the node (the driver fails before it reads an id), a lost connection, output
+that does not parse as frames.
 """
 
 from __future__ import annotations
@@ -64,10 +64,20 @@ _MAX_HEADER = 128
 
 
 @dataclass
-class _Slot:
-    fed: float = field(default_factory=time.monotonic)
+class Submitted:
+    """One container fed to the batch: its result comes later (`PctBatch.result`)."""
+
+    ctid: int
+    deadline: float  # time.monotonic() past which the controller stops waiting for the frame
+    notify: Callable[[], None] | None = None  # called once, from the batch's thread, when it is done
     done: threading.Event = field(default_factory=threading.Event)
+    fed: float = field(default_factory=time.monotonic)
     result: CommandResult | None = None  # None once done: the batch could not run it
+
+    def finish(self) -> None:
+        self.done.set()
+        if self.notify is not None:
+            self.notify()
 
 
 @dataclass(frozen=True)
@@ -129,8 +139,9 @@ class PctBatch:
     `run(ctid)` from each target's thread: starts the batch on first use, feeds the id, waits for the
     container's frame and returns its result as `PctTransport.execute` would (GuestError for a stopped or
     missing CT, a timeout as timed_out), or None when the batch cannot run it: the caller runs it on its
-    own channel then. `close()` when no more ids will come (the batch also ends by itself after
-    `expected` ids)."""
+    own channel then. `submit(ctid, notify)` then `result(submitted)` is the same without a thread waiting
+    in between (Fleet's staged targets). `close()` when no more ids will come (the batch also ends by
+    itself after `expected` ids)."""
 
     def __init__(
         self, node: FeedableTransport, node_name: str, argv: Sequence[str], *, stdin: str,
@@ -147,18 +158,27 @@ class PctBatch:
         self._fed = 0
         self._feed = StdinFeed()
         self._frames = _FrameReader(self._deliver, on_broken=self._feed.close)  # and nothing more starts
-        self._slots: dict[int, _Slot] = {}
+        self._slots: dict[int, Submitted] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ended = False
         self.error: FleetfixError | None = None  # why the batch ended early, if it did
 
     def run(self, ctid: int) -> CommandResult | None:
-        slot = _Slot()
+        submitted = self.submit(ctid)
+        if submitted is None:
+            return None
+        submitted.done.wait(max(0.0, submitted.deadline - time.monotonic()))
+        return self.result(submitted)
+
+    def submit(self, ctid: int, notify: Callable[[], None] | None = None) -> Submitted | None:
+        """Feed the container to the node without waiting for it (None: the batch cannot run it). notify(),
+        if given, is called once from the batch's thread when its result is in, or the batch gave up on it."""
         with self._lock:
             if self._ended or self._frames.broken or ctid in self._slots:
                 return None
-            self._slots[ctid] = slot
+            submitted = Submitted(ctid, time.monotonic() + self._backstop + FRAME_GRACE_SECONDS, notify)
+            self._slots[ctid] = submitted
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run_batch, daemon=True,
                                                 name=f"pct-batch-{self._node_name}")
@@ -167,13 +187,17 @@ class PctBatch:
             self._feed.put(f"{ctid}\n".encode())
             if self._fed >= self._expected:
                 self._feed.close()
-        if not slot.done.wait(self._backstop + FRAME_GRACE_SECONDS):
-            waited = time.monotonic() - slot.fed
+        return submitted
+
+    def result(self, submitted: Submitted) -> CommandResult | None:
+        """A submitted container's result, as `run` returns it; a timeout if it is not done by now."""
+        if not submitted.done.is_set():
+            waited = time.monotonic() - submitted.fed
             return CommandResult(TIMEOUT_EXIT_CODE, "", f"no result from the node after {waited:.0f}s\n",
                                  waited, timed_out=True)
-        if slot.result is None:
+        if submitted.result is None:
             return None
-        return pct_result(slot.result, ctid, self._node_name, self._timeout)
+        return pct_result(submitted.result, submitted.ctid, self._node_name, self._timeout)
 
     def close(self) -> None:
         """No more ids: the node finishes the containers in flight, then the channel ends (or closes with
@@ -191,7 +215,7 @@ class PctBatch:
         slot.result = CommandResult(
             TIMEOUT_EXIT_CODE if timed_out else frame.exit_code, frame.stdout.decode(errors="replace"),
             frame.stderr.decode(errors="replace"), duration, timed_out=timed_out, dropped=frame.dropped)
-        slot.done.set()
+        slot.finish()
 
     def _run_batch(self) -> None:
         try:
@@ -207,4 +231,4 @@ class PctBatch:
                 self._ended = True
                 pending = [slot for slot in self._slots.values() if not slot.done.is_set()]
             for slot in pending:  # never answered: each runs on its own channel
-                slot.done.set()
+                slot.finish()

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from fleetfix.errors import ExitCode, FleetfixError
-from fleetfix.fleet import Fleet, Outcome
+from fleetfix.fleet import Fleet, Outcome, Pending, RunOnThread
 from fleetfix.guests import NODE_BATCHES
-from fleetfix.guests.pctbatch import PctBatch
+from fleetfix.guests.pctbatch import PctBatch, Submitted
 from fleetfix.importahead import import_ahead
 from fleetfix.probe.script import build_node_script, build_probe_script
 from fleetfix.target import Target
@@ -131,7 +131,8 @@ class _NodeFactsCache:
 
 class _NodeBatches:
     """Containers of one node that get the same probe script share one channel (guests/pctbatch.py): the
-    first of them to start opens it, each waits for its own result. Nodes with one such container, or
+    first of them to start opens it; the node's thread finishes each as its result comes in (Fleet's
+    staged targets: no thread waits for one). Nodes with one such container, or
     reached through become, or whose connection cannot feed stdin over time (a test's fake), probe each
     container on its own channel, as does anything a batch could not answer."""
 
@@ -154,8 +155,8 @@ class _NodeBatches:
     def _key(target: Target) -> tuple[str, tuple[str, ...]]:
         return target.node.name, tuple(python_interpreters(target))
 
-    def run(self, target: Target) -> CommandResult | None:
-        """The target's probe result from its node's batch, or None: probe it on its own channel."""
+    def submit(self, target: Target, notify: Callable[[], None]) -> tuple[PctBatch, Submitted] | None:
+        """Feed the target to its node's batch (PctBatch.submit), or None: probe it on its own channel."""
         key = self._key(target)
         if self._expected.get(key, 0) < 2 or target.guest.id is None:
             return None
@@ -163,7 +164,8 @@ class _NodeBatches:
             if key not in self._batches:
                 self._batches[key] = self._open(target, key)
             batch = self._batches[key]
-        return None if batch is None else batch.run(target.guest.id)
+        submitted = None if batch is None else batch.submit(target.guest.id, notify)
+        return None if batch is None or submitted is None else (batch, submitted)
 
     def _open(self, target: Target, key: tuple[str, tuple[str, ...]]) -> PctBatch | None:
         node = self._fleet.feedable_node_transport(target)
@@ -247,19 +249,17 @@ def _probe(
     batches = _NodeBatches(fleet, targets, deep=deep)
     importing = threading.Lock()
 
-    def probe_one(target: Target, transport: Transport) -> TargetReport | None:
-        started = time.monotonic()
+    def begin(target: Target) -> bool:
+        """What every target starts with; whether its node's facts apply to it."""
         if importing.acquire(blocking=False):  # the first target is connected: its script goes out now
             import_ahead(*MODEL_MODULES, *also_import)
         # The node's kernel module is the driver only for guests on the node's kernel (not a VM's).
         on_node_kernel = fleet.guest(target).shares_node_kernel
         if on_node_kernel:
             node_cache.start(target)
-        batched = batches.run(target)  # None: on a channel of its own
-        if batched is None:
-            facts = gather_facts(target, transport, deep=deep)
-        else:
-            facts = facts_from(batched, deep=deep)
+        return on_node_kernel
+
+    def finish(target: Target, facts: Facts, on_node_kernel: bool, started: float) -> TargetReport | None:
         from fleetfix.probe.rules import diagnose  # loaded meanwhile (import_ahead)
 
         node = node_cache.get(target) if on_node_kernel else None
@@ -271,6 +271,30 @@ def _probe(
             on_done(report)
         return None if keep is None else keep(report)
 
+    def probe_one(target: Target, transport: Transport) -> TargetReport | None:
+        """A target on a channel of its own."""
+        started = time.monotonic()
+        on_node_kernel = begin(target)
+        return finish(target, gather_facts(target, transport, deep=deep), on_node_kernel, started)
+
+    def start(target: Target, _transport: Transport, notify: Callable[[], None]
+              ) -> Pending[TargetReport | None] | None:
+        """A target in its node's batch, without a thread waiting for it (None: not batched)."""
+        started = time.monotonic()
+        on_node_kernel = begin(target)
+        submitted = batches.submit(target, notify)
+        if submitted is None:
+            return None
+        batch, fed = submitted
+
+        def finished() -> TargetReport | None:
+            result = batch.result(fed)
+            if result is None:  # the batch could not run it: on a channel of its own
+                raise RunOnThread
+            return finish(target, facts_from(result, deep=deep), on_node_kernel, started)
+
+        return Pending(fed.deadline, finished)
+
     def from_outcome(outcome: Outcome[TargetReport | None]) -> TargetReport | None:
         if outcome.ok:
             return outcome.value
@@ -280,7 +304,7 @@ def _probe(
         return None if keep is None else report
 
     try:
-        outcomes = fleet.map(targets, probe_one)
+        outcomes = fleet.map(targets, probe_one, start=start)
     finally:
         batches.close()
     return [from_outcome(outcome) for outcome in outcomes]

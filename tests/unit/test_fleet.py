@@ -5,12 +5,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from fleetfix.errors import CommandFailedError, ConnectError, GuestError
-from fleetfix.fleet import Fleet, Outcome
+from fleetfix.errors import CommandFailedError, ConnectError, FleetfixError, GuestError
+from fleetfix.fleet import Fleet, Outcome, Pending, RunOnThread
 from fleetfix.guests.lxc import PctTransport
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.transport.base import CommandResult, Transport
@@ -203,3 +203,138 @@ def test_close_waits_for_connections_still_being_opened() -> None:
     fleet.start_connecting(targets_on("a", [100]))
     fleet.close()  # while the connector is still in its 20 ms: the connection is closed, never leaked
     assert connector.attempts["a"] == 1 and connector.connections["a"].transport.closed
+
+
+# -- staged targets: started from the node's thread, finished as their results come in ------------------
+
+
+class Batch:
+    """A stand-in for a node's batch (guests/pctbatch.py): `start` feeds a target and returns its Pending;
+    one thread of its own answers each fed target after `delay`, in the order fed, unless its CT id is in
+    `silent` (never answered) or `refused` (answered "could not run it": run on a thread instead)."""
+
+    def __init__(self, *, delay: float = 0.01, silent: Sequence[int] = (), refused: Sequence[int] = (),
+                 deadline: float = 30.0) -> None:
+        self.delay, self.silent, self.refused, self.deadline = delay, set(silent), set(refused), deadline
+        self.fed: list[int] = []
+        self.in_flight = 0
+        self.peak = 0
+        self._lock = threading.Lock()
+        self._answers: list[tuple[float, int, Callable[[], None]]] = []
+        self._wake = threading.Condition(self._lock)
+        threading.Thread(target=self._answer, daemon=True).start()
+
+    def start(self, target: Target, _transport: Transport, notify: Callable[[], None]) -> Pending[str] | None:
+        ctid = target.guest.id
+        assert ctid is not None
+        if ctid < 0:
+            return None  # not batched: the target function runs for it
+        with self._lock:
+            self.fed.append(ctid)
+            self.in_flight += 1
+            self.peak = max(self.peak, self.in_flight)
+            if ctid not in self.silent:
+                self._answers.append((time.monotonic() + self.delay, ctid, notify))
+                self._wake.notify()
+
+        def finish() -> str:
+            with self._lock:
+                self.in_flight -= 1
+            if ctid in self.silent:
+                raise FleetfixError(f"no result for {ctid}")
+            if ctid in self.refused:
+                raise RunOnThread
+            return f"batched {ctid}"
+
+        return Pending(time.monotonic() + (0.2 if ctid in self.silent else self.deadline), finish)
+
+    def _answer(self) -> None:
+        while True:
+            with self._lock:
+                while not self._answers:
+                    self._wake.wait()
+                due, _ctid, notify = self._answers.pop(0)
+            time.sleep(max(0.0, due - time.monotonic()))
+            notify()
+
+
+def on_own_channel(target: Target, _transport: Transport) -> str:
+    return f"own channel {target.guest.id}"
+
+
+class ThreadsStarted:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        original = threading.Thread.start
+
+        def counted(thread: threading.Thread) -> None:
+            self.count += 1
+            original(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", counted)
+
+
+def test_staged_targets_finish_on_their_nodes_thread_without_a_thread_each(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = {name: Batch() for name in ("a", "b")}
+    targets = [*targets_on("a", range(100, 120)), *targets_on("b", range(200, 220))]
+    events: list[tuple[str, str]] = []
+
+    def start(target: Target, transport: Transport, notify: Callable[[], None]) -> Pending[str] | None:
+        return batches[target.node.name].start(target, transport, notify)
+
+    threads = ThreadsStarted(monkeypatch)
+    outcomes = Fleet(connect=FakeConnector(), channels_per_node=4).map(
+        targets, on_own_channel, start=start, on_event=lambda kind, t, _d: events.append((kind, t.name)))
+    assert [o.value for o in outcomes] == [f"batched {t.guest.id}" for t in targets]
+    assert all(o.ok and o.duration > 0 for o in outcomes)
+    assert threads.count <= 2  # the two nodes' threads; 40 targets, 4 in flight per node: none per target
+    assert [b.peak for b in batches.values()] == [4, 4]  # channels_per_node still bounds what is in flight
+    for target in targets:
+        assert events.index(("start", target.name)) < events.index(("ok", target.name))
+
+
+def test_a_staged_target_past_its_deadline_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = Batch(silent=[102])
+    outcomes = Fleet(connect=FakeConnector(), channels_per_node=2).map(
+        targets_on("a", range(100, 106)), on_own_channel, start=batch.start)
+    assert [o.status for o in outcomes] == ["ok", "ok", "failed", "ok", "ok", "ok"]
+    assert str(outcomes[2].error) == "no result for 102"
+    assert outcomes[2].duration >= 0.2
+
+
+def test_targets_a_start_declines_or_hands_back_run_the_target_function() -> None:
+    batch = Batch(refused=[101])
+    targets = targets_on("a", [100, 101, -5, 103])
+    outcomes = Fleet(connect=FakeConnector(), channels_per_node=2).map(targets, on_own_channel,
+                                                                      start=batch.start)
+    assert [o.value for o in outcomes] == ["batched 100", "own channel 101", "own channel -5", "batched 103"]
+
+
+def test_a_staged_start_that_raises_fails_that_target_only() -> None:
+    batch = Batch()
+
+    def start(target: Target, transport: Transport, notify: Callable[[], None]) -> Pending[str] | None:
+        if target.guest.id == 101:
+            raise KeyError("surprise")
+        return batch.start(target, transport, notify)
+
+    outcomes = Fleet(connect=FakeConnector()).map(targets_on("a", [100, 101, 102]), on_own_channel,
+                                                  start=start)
+    assert [o.status for o in outcomes] == ["ok", "failed", "ok"]
+    assert str(outcomes[1].error) == "unexpected error: KeyError: 'surprise'"
+
+
+def test_an_interrupt_starts_no_more_staged_targets_and_lets_the_started_finish() -> None:
+    batch = Batch(delay=0.05)
+    fleet = Fleet(connect=FakeConnector(), channels_per_node=2)
+
+    def start(target: Target, transport: Transport, notify: Callable[[], None]) -> Pending[str] | None:
+        if target.guest.id == 101:
+            fleet.interrupt()
+        return batch.start(target, transport, notify)
+
+    outcomes = fleet.map(targets_on("a", range(100, 106)), on_own_channel, start=start)
+    assert [o.status for o in outcomes] == ["ok", "ok", "failed", "failed", "failed", "failed"]
+    assert batch.fed == [100, 101]
+    assert str(outcomes[2].error) == "interrupted: not started"
