@@ -139,11 +139,13 @@ FED_RESULT_OUTPUT = 64 * 1024
 class StdinFeed:
     """A command's stdin given over time instead of all at once: `put()` chunks from any thread, `close()`
     for EOF. The transport's writer iterates it, blocking until the next chunk (guests/pctbatch.py feeds a
-    node the ids of the containers to run as the controller starts them)."""
+    node the ids of the containers to run as the controller starts them), or takes each chunk in the
+    feeding thread (`send_directly`)."""
 
     def __init__(self) -> None:
         self._chunks: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
+        self._send: Callable[[bytes | None], bool] | None = None
         self.closed = False
 
     def put(self, data: bytes) -> bool:
@@ -151,7 +153,7 @@ class StdinFeed:
         with self._lock:
             if self.closed:
                 return False
-            self._chunks.put(data)
+            self._hand_on(data)
             return True
 
     def close(self) -> None:
@@ -159,7 +161,25 @@ class StdinFeed:
         with self._lock:
             if not self.closed:
                 self.closed = True
-                self._chunks.put(None)
+                self._hand_on(None)
+
+    def send_directly(self, send: Callable[[bytes | None], bool]) -> None:
+        """From now on each chunk (None: EOF) goes to send(chunk) in the thread that puts it, what is queued
+        first; send returns False when it cannot take a chunk without blocking: that chunk and every later
+        one are queued, in order, for `__iter__` (the transport starts its writer then)."""
+        with self._lock:
+            queued: list[bytes | None] = []
+            while not self._chunks.empty():
+                queued.append(self._chunks.get_nowait())
+            self._send = send
+            for chunk in queued:
+                self._hand_on(chunk)
+
+    def _hand_on(self, chunk: bytes | None) -> None:  # with the lock held
+        if self._send is not None and self._send(chunk):
+            return
+        self._send = None
+        self._chunks.put(chunk)
 
     def __iter__(self) -> Iterator[bytes]:
         while (chunk := self._chunks.get()) is not None:

@@ -438,7 +438,7 @@ class SSHConnection:
         if transport is None or not transport.is_active():
             raise ConnectionLostError(f"{self.endpoint}: SSH connection is closed")
         channel = self._open_session(transport)
-        writer: threading.Thread | None = None
+        writer: _StdinWriter | None = None
         try:
             wakeup = channel.fileno()  # a pipe paramiko sets on stdout/stderr data and on close
             channel.exec_command(line)
@@ -516,24 +516,56 @@ def _has_timeout_marker(stderr: str) -> bool:
     return any(line.startswith(TIMEOUT_MARKER) for line in stderr.splitlines())
 
 
-def _send_stdin(channel: paramiko.Channel, data: bytes | StdinFeed) -> threading.Thread | None:
-    """Send stdin then EOF. Inline when it fits the peer's window (never blocks), else (or fed over time)
-    from a thread, so a command that writes a lot before it reads cannot deadlock against us."""
-    if isinstance(data, bytes) and len(data) <= channel.out_window_size:
-        _send_all_then_eof(channel, data)
-        return None
-    writer = threading.Thread(target=_send_all_then_eof, args=(channel, data), daemon=True)
-    writer.start()
+def _send_stdin(channel: paramiko.Channel, data: bytes | StdinFeed) -> _StdinWriter:
+    """Send stdin then EOF. Inline when it fits the peer's window (never blocks), else from a thread, so a
+    command that writes a lot before it reads cannot deadlock against us. A fed stdin likewise, chunk by
+    chunk, from the thread that feeds it."""
+    writer = _StdinWriter(channel, data)
+    if isinstance(data, StdinFeed):
+        data.send_directly(writer.send_now)
+    elif writer.send_now(data):
+        writer.send_now(None)
     return writer
 
 
-def _send_all_then_eof(channel: paramiko.Channel, data: bytes | StdinFeed) -> None:
+class _StdinWriter:
+    """A channel's stdin: sent by the caller's thread while each chunk fits the peer's window, else by a
+    thread of its own from that chunk on. Why for a fed stdin: a writer thread per node batch, woken once
+    per container, cost ~0.7 ms of CPU per node at 200 targets (issue 21)."""
+
+    def __init__(self, channel: paramiko.Channel, data: bytes | StdinFeed) -> None:
+        self._channel = channel
+        self._data = data
+        self._thread: threading.Thread | None = None
+
+    def send_now(self, chunk: bytes | None) -> bool:
+        """Send chunk (None: EOF) now; False, and the thread started for it and the rest, when it could
+        block."""
+        if chunk is not None and len(chunk) > self._channel.out_window_size:
+            self._thread = threading.Thread(target=self._send_all, daemon=True)
+            self._thread.start()
+            return False
+        _send(self._channel, chunk)
+        return True
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _send_all(self) -> None:
+        for chunk in (self._data,) if isinstance(self._data, bytes) else self._data:
+            _send(self._channel, chunk)
+        _send(self._channel, None)
+
+
+def _send(channel: paramiko.Channel, chunk: bytes | None) -> None:
+    """Send a chunk of stdin, or EOF for None."""
     _stdin_sender.channel = channel
     try:
-        for chunk in (data,) if isinstance(data, bytes) else data:
-            if chunk:
-                channel.sendall(chunk)
-        channel.shutdown_write()
+        if chunk is None:
+            channel.shutdown_write()
+        elif chunk:
+            channel.sendall(chunk)
     except (OSError, EOFError, SSHException):
         pass  # the command exited without reading everything: its result says what happened
     finally:

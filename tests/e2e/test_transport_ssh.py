@@ -189,6 +189,22 @@ def test_a_fed_stdin_reaches_the_node_as_it_is_fed(connection: SSHConnection) ->
     assert result[0].exit_code == 0 and result[0].stdout == "got one\ngot two\ngot three\nend\n"
 
 
+def test_a_fed_chunk_larger_than_the_window_goes_on_in_order(connection: SSHConnection) -> None:
+    # Small chunks go out from the feeding thread; one over the peer's window (OpenSSH's is 2 MiB) cannot
+    # without blocking it, so it and every later chunk go through a writer thread, in order.
+    feed = StdinFeed()
+    chunks = [b"first\n", os.urandom(3 << 20), b"last\n"]
+    result: list[CommandResult] = []
+    runner = threading.Thread(target=lambda: result.append(connection.execute_fed(["sha256sum"], feed)))
+    runner.start()
+    for chunk in chunks:
+        assert feed.put(chunk)
+    feed.close()
+    runner.join(30)
+    assert result[0].exit_code == 0
+    assert result[0].stdout.split()[0] == hashlib.sha256(b"".join(chunks)).hexdigest()
+
+
 def test_timeout_reports_and_kills_the_remote_command(connection: SSHConnection) -> None:
     marker = unique_sleep()
     started = time.monotonic()

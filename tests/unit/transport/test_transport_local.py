@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from fleetfix.transport.base import Transport, run_script
+from fleetfix.transport.base import StdinFeed, Transport, run_script
 from fleetfix.transport.local import LocalTransport
 
 
@@ -83,3 +83,23 @@ def test_run_script_sends_the_script_on_stdin() -> None:
 def test_empty_argv_is_rejected() -> None:
     with pytest.raises(ValueError):
         LocalTransport().execute([])
+
+
+def test_a_feed_sent_directly_keeps_its_order_when_a_chunk_must_wait() -> None:
+    sent: list[bytes | None] = []
+
+    def send(chunk: bytes | None) -> bool:  # takes chunks until one is "too large", as the SSH writer does
+        if chunk is not None and len(chunk) > 5:
+            return False
+        sent.append(chunk)
+        return True
+
+    feed = StdinFeed()
+    feed.put(b"a")  # queued before the transport takes over: sent first
+    feed.send_directly(send)
+    feed.put(b"b")
+    feed.put(b"too large")
+    feed.put(b"c")  # after one that waits: queued behind it, never overtaking it
+    feed.close()
+    assert sent == [b"a", b"b"]
+    assert list(feed) == [b"too large", b"c"]
