@@ -86,8 +86,9 @@ EventHandler = Callable[[str, Target, str], None]
 @dataclass(frozen=True)
 class Pending(Generic[R]):
     """A started target whose result another thread delivers: what a `StartFn` returns instead of holding a
-    thread until the target ends. Why: a thread per target in flight cost ~0.2 ms of controller CPU each
-    (start, wake-ups, exit) where the work itself, for a probe, is ~0.1 ms (issue 21).
+    thread until the target ends. Why: a thread per target in flight (started, woken, ended) cost more
+    controller CPU than a probe's own parsing and diagnosis; 200 batched containers cost ~70 ms less on
+    their nodes' threads (issue 21, docs/performance.md).
 
     finish() runs on the node's thread once `notify` was called, or once `deadline` (time.monotonic())
     has passed without it; it returns the target's value or raises as the target function would, or

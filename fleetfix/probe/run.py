@@ -132,9 +132,9 @@ class _NodeFactsCache:
 class _NodeBatches:
     """Containers of one node that get the same probe script share one channel (guests/pctbatch.py): the
     first of them to start opens it; the node's thread finishes each as its result comes in (Fleet's
-    staged targets: no thread waits for one). Nodes with one such container, or
-    reached through become, or whose connection cannot feed stdin over time (a test's fake), probe each
-    container on its own channel, as does anything a batch could not answer."""
+    staged targets: no thread waits for one). Nodes with one such container, or reached through become,
+    or whose connection cannot feed stdin over time (a test's fake), probe each container on its own
+    channel, as does anything a batch could not answer."""
 
     # One argument of the node's command line; Linux limits one argument to 128 KiB (MAX_ARG_STRLEN).
     MAX_COMMAND_LINE = 100_000
@@ -164,8 +164,10 @@ class _NodeBatches:
             if key not in self._batches:
                 self._batches[key] = self._open(target, key)
             batch = self._batches[key]
-        submitted = None if batch is None else batch.submit(target.guest.id, notify)
-        return None if batch is None or submitted is None else (batch, submitted)
+        if batch is None:
+            return None
+        submitted = batch.submit(target.guest.id, notify)
+        return None if submitted is None else (batch, submitted)
 
     def _open(self, target: Target, key: tuple[str, tuple[str, ...]]) -> PctBatch | None:
         node = self._fleet.feedable_node_transport(target)
