@@ -333,19 +333,21 @@ class Fleet:
     def _run_target(
         self, target: Target, fn: Callable[[Target, Transport], R], on_event: EventHandler | None
     ) -> Outcome[R]:
+        begun = self._begin_target(target, on_event)
+        outcome = begun if isinstance(begun, Outcome) else _call(fn, target, *begun)
+        _report(outcome, on_event)
+        return outcome
+
+    def _begin_target(self, target: Target, on_event: EventHandler | None
+                      ) -> tuple[Transport, float] | Outcome[Any]:
+        """Say the target starts; its transport and start time, or its Outcome if its node is unreachable."""
         if on_event:
             on_event("start", target, "")
         started = time.monotonic()
-        outcome: Outcome[R]
         try:
-            transport = self.transport(target)
+            return self.transport(target), started
         except FleetfixError as error:  # the node could not be connected
-            outcome = Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
-        else:
-            outcome = _call(fn, target, transport, started)
-        if on_event:
-            on_event(outcome.status, target, str(outcome.error or ""))
-        return outcome
+            return Outcome(target, "unreachable", error=error, duration=time.monotonic() - started)
 
     # -- lifetime -------------------------------------------------------------------------------------
 
@@ -409,15 +411,11 @@ class _StagedNode(Generic[R]):
         if self._fleet.interrupted:
             self._outcomes[index] = self._fleet._not_started(target, self._on_event)
             return
-        if self._on_event:
-            self._on_event("start", target, "")
-        started = time.monotonic()
-        try:
-            transport = self._fleet.transport(target)
-        except FleetfixError as error:  # the node could not be connected
-            duration = time.monotonic() - started
-            self._done(index, Outcome(target, "unreachable", error=error, duration=duration))
+        begun = self._fleet._begin_target(target, self._on_event)
+        if isinstance(begun, Outcome):
+            self._done(index, begun)
             return
+        transport, started = begun
         try:
             pending = self._start(target, transport, functools.partial(self._ready.put, index))
         except RunOnThread:
@@ -467,8 +465,7 @@ class _StagedNode(Generic[R]):
 
     def _done(self, index: int, outcome: Outcome[R]) -> None:
         self._outcomes[index] = outcome
-        if self._on_event:
-            self._on_event(outcome.status, outcome.target, str(outcome.error or ""))
+        _report(outcome, self._on_event)
 
 
 class _NodeTransport:
@@ -507,6 +504,11 @@ def _call(fn: Callable[[Target, Transport], R], target: Target, transport: Trans
     except Exception as error:
         return _failure(target, error, started)
     return Outcome(target, "ok", value=value, duration=time.monotonic() - started)
+
+
+def _report(outcome: Outcome[Any], on_event: EventHandler | None) -> None:
+    if on_event:
+        on_event(outcome.status, outcome.target, str(outcome.error or ""))
 
 
 def _failure(target: Target, error: Exception, started: float) -> Outcome[Any]:

@@ -29,7 +29,7 @@ group only: the one-channel backstop (the node's watchdog) `kill -KILL 0`s its s
 every container of the batch. The controller waits for a frame until the backstop plus FRAME_GRACE_SECONDS,
 then reports a timeout.
 
-Whatever the batch cannot answer, `run` (and `result`) returns None for, and the caller runs that container
+Whatever the batch cannot answer, `submit` or `result` returns None for, and the caller runs that container
 on its own channel: no perl on the node (the driver fails before it reads an id), a lost connection, output
 that does not parse as frames.
 """
@@ -136,12 +136,11 @@ class _FrameReader:
 class PctBatch:
     """One node's containers running one command (with the same stdin) over one channel.
 
-    `run(ctid)` from each target's thread: starts the batch on first use, feeds the id, waits for the
-    container's frame and returns its result as `PctTransport.execute` would (GuestError for a stopped or
-    missing CT, a timeout as timed_out), or None when the batch cannot run it: the caller runs it on its
-    own channel then. `submit(ctid, notify)` then `result(submitted)` is the same without a thread waiting
-    in between (Fleet's staged targets). `close()` when no more ids will come (the batch also ends by
-    itself after `expected` ids)."""
+    `submit(ctid, notify)` starts the batch on first use and feeds the id; once notified (or past the
+    deadline), `result(submitted)` is the container's result as `PctTransport.execute` would return it
+    (GuestError for a stopped or missing CT, a timeout as timed_out), or None when the batch cannot run
+    it: the caller runs it on its own channel then. No thread waits in between (Fleet's staged targets).
+    `close()` when no more ids will come (the batch also ends by itself after `expected` ids)."""
 
     def __init__(
         self, node: FeedableTransport, node_name: str, argv: Sequence[str], *, stdin: str,
@@ -163,13 +162,6 @@ class PctBatch:
         self._thread: threading.Thread | None = None
         self._ended = False
         self.error: FleetfixError | None = None  # why the batch ended early, if it did
-
-    def run(self, ctid: int) -> CommandResult | None:
-        submitted = self.submit(ctid)
-        if submitted is None:
-            return None
-        submitted.done.wait(max(0.0, submitted.deadline - time.monotonic()))
-        return self.result(submitted)
 
     def submit(self, ctid: int, notify: Callable[[], None] | None = None) -> Submitted | None:
         """Feed the container to the node without waiting for it (None: the batch cannot run it). notify(),

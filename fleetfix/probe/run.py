@@ -283,10 +283,10 @@ def _probe(
               ) -> Pending[TargetReport | None] | None:
         """A target in its node's batch, without a thread waiting for it (None: not batched)."""
         started = time.monotonic()
-        on_node_kernel = begin(target)
         submitted = batches.submit(target, notify)
         if submitted is None:
-            return None
+            return None  # probe_one begins it
+        on_node_kernel = begin(target)
         batch, fed = submitted
 
         def finished() -> TargetReport | None:

@@ -213,9 +213,9 @@ class Batch:
     one thread of its own answers each fed target after `delay`, in the order fed, unless its CT id is in
     `silent` (never answered) or `refused` (answered "could not run it": run on a thread instead)."""
 
-    def __init__(self, *, delay: float = 0.01, silent: Sequence[int] = (), refused: Sequence[int] = (),
-                 deadline: float = 30.0) -> None:
-        self.delay, self.silent, self.refused, self.deadline = delay, set(silent), set(refused), deadline
+    def __init__(self, *, delay: float = 0.01, silent: Sequence[int] = (),
+                 refused: Sequence[int] = ()) -> None:
+        self.delay, self.silent, self.refused = delay, set(silent), set(refused)
         self.fed: list[int] = []
         self.in_flight = 0
         self.peak = 0
@@ -246,7 +246,7 @@ class Batch:
                 raise RunOnThread
             return f"batched {ctid}"
 
-        return Pending(time.monotonic() + (0.2 if ctid in self.silent else self.deadline), finish)
+        return Pending(time.monotonic() + (0.2 if ctid in self.silent else 30.0), finish)
 
     def _answer(self) -> None:
         while True:
@@ -294,7 +294,7 @@ def test_staged_targets_finish_on_their_nodes_thread_without_a_thread_each(
         assert events.index(("start", target.name)) < events.index(("ok", target.name))
 
 
-def test_a_staged_target_past_its_deadline_fails_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_staged_target_past_its_deadline_fails_alone() -> None:
     batch = Batch(silent=[102])
     outcomes = Fleet(connect=FakeConnector(), channels_per_node=2).map(
         targets_on("a", range(100, 106)), on_own_channel, start=batch.start)

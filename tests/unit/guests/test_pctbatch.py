@@ -62,12 +62,21 @@ def batch(expected: int, *, timeout: float = 60, max_output: int = 1 << 20, stdi
                     max_output=max_output, expected=expected)
 
 
+def run(pct_batch: PctBatch, ctid: int) -> CommandResult | None:
+    """One container through the batch, waiting for it as Fleet's node thread does."""
+    submitted = pct_batch.submit(ctid)
+    if submitted is None:
+        return None
+    submitted.done.wait(max(0.0, submitted.deadline - time.monotonic()))
+    return pct_batch.result(submitted)
+
+
 def run_all(pct_batch: PctBatch, ctids: Sequence[int]) -> dict[int, CommandResult | GuestError | None]:
     results: dict[int, CommandResult | GuestError | None] = {}
 
     def one(ctid: int) -> None:
         try:
-            results[ctid] = pct_batch.run(ctid)
+            results[ctid] = run(pct_batch, ctid)
         except GuestError as error:
             results[ctid] = error
 
@@ -135,7 +144,7 @@ def test_the_node_starts_only_the_containers_it_is_given(node: Path) -> None:
     assert isinstance(results[200], CommandResult)
     time.sleep(0.5)
     assert started(node) == [200]
-    assert pct_batch.run(201) is None  # closed: the caller would run it on its own channel
+    assert run(pct_batch, 201) is None  # closed: the caller would run it on its own channel
 
 
 def test_without_perl_every_container_is_left_to_its_own_channel(node: Path, tmp_path: Path) -> None:
