@@ -11,6 +11,7 @@ import importlib
 import click
 
 from fleetfix import __version__
+from fleetfix.cli.collector import command_collector
 
 # name -> "module:attribute". A command's module is imported only when that command is named (or listed, by
 # `--help`): `fleetfix probe` does not load apply, audit, schedule, wheels... (~10 ms of its ~100 ms start
@@ -53,6 +54,7 @@ def main(verbose: bool) -> None:
       fleetfix probe --host 10.1.2.6 --ct 200
       fleetfix apply playbooks/cuda-toolkit.yaml --check
     """
+    click.get_current_context().with_resource(command_collector())
 
 
 def command(name: str) -> click.Command:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 
+from fleetfix.cli.collector import start_up_done
 from fleetfix.errors import ConfigError, ExitCode, FleetfixError
 from fleetfix.inventory.request import TargetRequest
 from fleetfix.reports import TEXT, FactsNeed, ReportFormat, facts_needed, formats_for, write_report
@@ -77,8 +78,10 @@ class FleetOptions:
     max_output: int = DEFAULT_MAX_OUTPUT
 
     def open(self) -> Fleet:
+        """The fleet, for the command's work: its start-up is over (collector.start_up_done)."""
         from fleetfix.fleet import Fleet
 
+        start_up_done()
         return Fleet(forks=self.forks, max_output=self.max_output)
 
 
