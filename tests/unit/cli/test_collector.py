@@ -35,7 +35,7 @@ def test_start_up_collects_rarely_then_the_run_as_usual_then_all_as_before() -> 
         collector.start_up_done()
         frozen = gc.get_freeze_count()
         assert frozen > 1000  # every module, class and function alive now
-        assert gc.get_threshold() == (collector.RUN_THRESHOLD, 10, 10)
+        assert gc.get_threshold() == (700, 10, 10)
         collector.start_up_done()  # once only: what the run made is not frozen
         assert gc.get_freeze_count() == frozen
     assert gc.get_threshold() == (700, 10, 10)
@@ -72,9 +72,10 @@ def test_a_collector_frozen_by_its_program_is_left_alone() -> None:
     assert gc.get_freeze_count() == frozen
 
 
-def test_a_usual_threshold_above_the_run_threshold_is_kept() -> None:
+def test_the_programs_own_thresholds_are_the_runs() -> None:
     gc.set_threshold(50_000, 5, 5)
     with collector.command_collector():
+        assert gc.get_threshold() == (collector.START_UP_THRESHOLD, 5, 5)
         collector.start_up_done()
         assert gc.get_threshold() == (50_000, 5, 5)
     assert gc.get_threshold() == (50_000, 5, 5)
@@ -94,7 +95,7 @@ def test_a_command_freezes_when_its_fleet_opens(monkeypatch: pytest.MonkeyPatch)
     result = CliRunner().invoke(main, ["exec", "--local", "--", "true"])
     assert result.exit_code == 0, result.output
     [(frozen, threshold)] = seen
-    assert frozen > 1000 and threshold == (collector.RUN_THRESHOLD, 10, 10)
+    assert frozen > 1000 and threshold == (700, 10, 10)
     assert gc.get_threshold() == (700, 10, 10)
     assert gc.get_freeze_count() == 0
 
