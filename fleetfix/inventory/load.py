@@ -20,20 +20,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fleetfix.errors import ConfigError, InventoryError, InventoryNotFoundError
 from fleetfix.inventory.adhoc import adhoc_targets, local_target
 from fleetfix.inventory.adhoc import resolved_file as _file
-from fleetfix.inventory.discovery.model import (
-    ApiAccess,
-    DiscoveryResult,
-    GuestFilter,
-    ProxmoxSource,
-    SshAccess,
-    TokenSecret,
-)
 from fleetfix.inventory.model import (
     DEFAULT_PATH,
     ENV_VAR,
@@ -49,6 +41,9 @@ from fleetfix.inventory.select import Term, apply_terms, check_unknown_prefixes,
 from fleetfix.secrets import FILE_PREFIX
 from fleetfix.target import NODE, Become, GuestRef, NodeRef, SSHSettings, Target
 from fleetfix.yamlsource import Loc, Locations, load_yaml, parse_yaml, validate
+
+if TYPE_CHECKING:  # imported where a `proxmox:` source is read: most inventories have none (start-up)
+    from fleetfix.inventory.discovery.model import DiscoveryResult, ProxmoxSource
 
 
 @dataclass
@@ -68,7 +63,7 @@ class Inventory:
 
 
 # Discovers one source (fleetfix.inventory.discovery.Discoverer in production; tests pass fakes).
-Discover = Callable[[ProxmoxSource], DiscoveryResult]
+Discover = Callable[["ProxmoxSource"], "DiscoveryResult"]
 
 
 @dataclass(frozen=True)
@@ -96,12 +91,13 @@ def resolve_inventory_path(cli_value: str | None) -> Path:
     return path
 
 
-def load_inventory(path: str | Path, *, discover: Discover | None = None) -> Inventory:
+def load_inventory(path: str | Path, *, discover: Discover | None = None, refresh: bool = False) -> Inventory:
     """Load and check the file, then discover its `proxmox:` sources with `discover` (default: a
-    fleetfix.inventory.discovery.Discoverer, which uses the network and the cache)."""
+    fleetfix.inventory.discovery.Discoverer, which uses the network and the cache; `refresh`: not the
+    cache)."""
     with _as_inventory_error(path):
         data, where = load_yaml(path, InventoryError)
-    return _build(data, where, Path(path), discover)
+    return _build(data, where, Path(path), discover, refresh=refresh)
 
 
 def parse_inventory(
@@ -128,7 +124,9 @@ def _as_inventory_error(path: str | Path) -> Iterator[None]:
         raise InventoryError("invalid YAML: nested too deeply", path=str(path)) from None
 
 
-def _build(data: Any, where: Locations, path: Path, discover: Discover | None) -> Inventory:
+def _build(
+    data: Any, where: Locations, path: Path, discover: Discover | None, *, refresh: bool = False,
+) -> Inventory:
     if data is None:
         raise InventoryError("the file is empty; expected a mapping with a 'nodes' list", path=where.path)
     if not isinstance(data, dict):
@@ -145,7 +143,7 @@ def _build(data: Any, where: Locations, path: Path, discover: Discover | None) -
         if discover is None:
             from fleetfix.inventory.discovery.discoverer import Discoverer
 
-            discover = Discoverer()
+            discover = Discoverer(refresh=refresh)
         for source, source_model in sources:
             result = discover(source)
             inventory.discovered.append(result)
@@ -289,6 +287,10 @@ def _sources(
     model: InventoryModel, where: Locations, path: Path, node_refs: Mapping[str, NodeRef],
 ) -> list[tuple[ProxmoxSource, ProxmoxModel]]:
     """The `proxmox:` entries, checked across fields (pydantic checks them one at a time)."""
+    if not model.proxmox:
+        return []
+    from fleetfix.inventory.discovery.model import GuestFilter, ProxmoxSource
+
     sources: list[tuple[ProxmoxSource, ProxmoxModel]] = []
     lines: dict[str, int | None] = {}
     for index, entry in enumerate(model.proxmox):
@@ -331,6 +333,8 @@ def _ssh_source(
     ref = node_refs.get(entry.via_ssh)
     if ref is None:
         raise _error(where, (*loc, "via_ssh"), f"no node named {entry.via_ssh!r} under 'nodes'")
+    from fleetfix.inventory.discovery.model import SshAccess
+
     access = SshAccess(node=ref, pve_node=entry.pve_node or entry.via_ssh, timeout=entry.timeout)
     return replace(source, ssh=access)
 
@@ -350,6 +354,8 @@ def _api_source(
     assert entry.api is not None
     url = urlsplit(entry.api)
     assert url.hostname is not None
+    from fleetfix.inventory.discovery.model import ApiAccess, TokenSecret
+
     secret = TokenSecret(env=entry.token_secret_env, file=_file(entry.token_secret_file, base),
                          path=where.path, line=where.line(loc), loc=".".join(map(str, loc)))
     access = ApiAccess(host=url.hostname, port=url.port or PVE_API_PORT, token_id=entry.token_id,

@@ -47,12 +47,11 @@ def resolve_targets(request: TargetRequest) -> Resolution:
         ), request.limit)
         check_ssh_files(adhoc)
         return Resolution(adhoc)
-    # Deferred: YAML, the inventory model and discovery are not needed for --host/--local (start-up).
-    from fleetfix.inventory.discovery import Discoverer
+    # Deferred: YAML and the inventory model are not needed for --host/--local, nor discovery for an
+    # inventory without `proxmox:` sources (start-up).
     from fleetfix.inventory.load import load_inventory, resolve_inventory_path
 
-    loaded = load_inventory(resolve_inventory_path(request.inventory),
-                            discover=Discoverer(refresh=request.refresh))
+    loaded = load_inventory(resolve_inventory_path(request.inventory), refresh=request.refresh)
     targets: Sequence[Target] = loaded.targets
     if request.accept_new or request.known_hosts or request.become:
         targets = [_override_ssh(t, accept_new=request.accept_new, known_hosts=request.known_hosts,

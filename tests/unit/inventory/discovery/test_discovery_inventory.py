@@ -3,10 +3,15 @@ join static ones (names, duplicates, groups, vars)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from pvefakes import ct
 
 from fleetfix.errors import InventoryError
+from fleetfix.inventory.discovery import discoverer
 from fleetfix.inventory.discovery.model import (
     DiscoveryResult,
     Listing,
@@ -14,7 +19,7 @@ from fleetfix.inventory.discovery.model import (
     listing_from_records,
     targets_from_listing,
 )
-from fleetfix.inventory.load import Inventory, parse_inventory
+from fleetfix.inventory.load import Inventory, load_inventory, parse_inventory
 
 
 class Recorder:
@@ -266,7 +271,6 @@ def test_every_source_is_checked_before_any_is_discovered() -> None:
 
 def test_the_proxmox_example_in_the_docs_loads() -> None:
     import re
-    from pathlib import Path
 
     docs = (Path(__file__).resolve().parents[4] / "docs" / "inventory.md").read_text()
     block = re.search(r"## Proxmox sources\n.*?```yaml\n(.*?)```", docs, re.S)
@@ -274,3 +278,35 @@ def test_the_proxmox_example_in_the_docs_loads() -> None:
     recorder = Recorder(ct(200, "train-a", tags="gpu"))
     load("nodes:\n  - {name: pve3, address: 127.0.0.3}\n" + block.group(1), recorder)
     assert [s.name for s in recorder.sources] == ["cluster1", "pve3-local"]
+
+
+def test_the_default_discoverer_gets_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `fleetfix probe --refresh` reaches the discoverer the loader makes when it is given none.
+    made: list[bool] = []
+
+    class Made(Recorder):
+        def __init__(self, *, refresh: bool = False) -> None:
+            super().__init__(ct(200, "train-a", node="pve1"))
+            made.append(refresh)
+
+    monkeypatch.setattr(discoverer, "Discoverer", Made)
+    path = tmp_path / "inv.yaml"
+    path.write_text(API_SOURCE)
+    for refresh in (True, False):
+        names = [target.name for target in load_inventory(path, refresh=refresh).targets]
+        assert names == ["train-a"]
+    assert made == [True, False]
+
+
+def test_an_inventory_without_sources_does_not_load_discovery(tmp_path: Path) -> None:
+    # Start-up: discovery's modules (dataclasses, hashing, the API clients) are for `proxmox:` sources.
+    path = tmp_path / "inv.yaml"
+    path.write_text("nodes:\n  - {name: pve1, address: 127.0.0.1, containers: [{ctid: 200}]}\n")
+    program = (
+        "import sys\nfrom fleetfix.inventory.load import load_inventory\n"
+        f"assert [t.name for t in load_inventory({str(path)!r}).targets] == ['pve1/200']\n"
+        "print(*sorted(m for m in sys.modules if m.startswith('fleetfix.inventory.discovery')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []
