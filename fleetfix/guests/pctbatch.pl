@@ -1,15 +1,16 @@
 # fleetfix's node-side fan-out of `pct exec`: the protocol, and why Perl, are in fleetfix/guests/pctbatch.py.
-# argv: BACKSTOP_SECONDS CAP_BYTES INPUT COMMAND...; stdin: container ids, one per line, until EOF.
-# For each id: `pct exec ID -- COMMAND...` with INPUT on its stdin, in a process group of its own (killed
-# whole at the backstop); one frame on stdout when it has ended:
+# argv: BACKSTOP_SECONDS CAP_BYTES INPUT NODE_SCRIPT COMMAND...; stdin: container ids, one per line, until
+# EOF. For each id: `pct exec ID -- COMMAND...` with INPUT on its stdin, in a process group of its own
+# (killed whole at the backstop); one frame on stdout when it has ended:
 #   fleetfix-batch ID EXIT OUTLEN ERRLEN DROPPED\n<stdout><stderr>
+# The line `node` instead of an id: `/bin/sh -c NODE_SCRIPT` on the node itself, framed as ID 0.
 use strict;
 use warnings;
 use IO::Handle ();
 use IO::Select ();
 use POSIX ();
 
-my ($backstop, $cap, $input, @command) = @ARGV;
+my ($backstop, $cap, $input, $node_script, @command) = @ARGV;
 my $straggler_grace = 5;  # seconds the output pipes may stay open after pct has ended
 $SIG{PIPE} = 'IGNORE';    # a channel closed under us shows as a failed write
 
@@ -26,8 +27,9 @@ my %pipes;   # fileno -> [job, 'out' | 'err', handle]
 my $ids = '';
 my $reading = 1;
 
+# A job: `argv` in a process group of its own, `stdin_path` on its stdin; framed as `id` when it has ended.
 sub start_job {
-    my ($id) = @_;
+    my ($id, $stdin_path, @argv) = @_;
     # `time` is whole seconds (Time::HiRes is not in Debian's perl-base): now is up to 1 s past it, so the
     # deadline gets that second too, or a kill could come before the backstop (seen at 2.03 s of 3).
     my $job = { id => $id, out => '', err => '', dropped => 0, open => 0, deadline => time + $backstop + 1 };
@@ -42,11 +44,11 @@ sub start_job {
     if ($pid == 0) {
         $SIG{PIPE} = 'DEFAULT';  # an ignored signal stays ignored across exec: pipelines in the CT need it
         POSIX::setpgid(0, 0);
-        open(STDIN, '<', $input_path) && open(STDOUT, '>&', $out_w) && open(STDERR, '>&', $err_w)
+        open(STDIN, '<', $stdin_path) && open(STDOUT, '>&', $out_w) && open(STDERR, '>&', $err_w)
             or POSIX::_exit(126);
         # Not found: said as a shell would, which guests/lxc.container_error knows.
-        exec('pct', 'exec', $id, '--', @command)
-            or print STDERR 'pct: ', ($!{ENOENT} ? 'command not found' : $!), "\n";
+        exec { $argv[0] } @argv
+            or print STDERR "$argv[0]: ", ($!{ENOENT} ? 'command not found' : $!), "\n";
         POSIX::_exit(127);
     }
     close $out_w;
@@ -88,7 +90,11 @@ while ($reading || %jobs) {
             if (sysread(STDIN, $ids, 4096, length $ids)) {
                 while ($ids =~ s/\A([^\n]*)\n//) {
                     my $id = $1;
-                    start_job($id) if $id =~ /\A[0-9]+\z/;
+                    if ($id =~ /\A[0-9]+\z/) {
+                        start_job($id, $input_path, 'pct', 'exec', $id, '--', @command);
+                    } elsif ($id eq 'node' && length $node_script) {
+                        start_job(0, '/dev/null', '/bin/sh', '-c', $node_script);
+                    }
                 }
             } else {  # EOF: no more ids; the jobs in flight still end and report
                 $select->remove(\*STDIN);

@@ -10,8 +10,9 @@ the most bytes of one container's stdout (and, apart, stderr) to keep, the bytes
 stdin, then the command for `pct exec CTID -- ...`. It writes container ids to the driver's stdin, one per
 line, as it starts each target, so the node starts exactly what the controller started: Fleet's
 `channels_per_node` and an interrupt (start nothing more) mean what they mean with a channel per container.
-EOF ends the batch once the containers in flight are done. Each container's result is one frame, written
-in one piece when it has ended:
+EOF ends the batch once the containers in flight are done. The line `node` instead of an id runs the
+batch's node script on the node itself (`submit_node`: the probe's node facts, one channel fewer per node).
+Each container's result is one frame, written in one piece when it has ended (the node script's: CTID 0):
 
     fleetfix-batch CTID EXIT OUTLEN ERRLEN DROPPED\n<OUTLEN bytes of stdout><ERRLEN bytes of stderr>
 
@@ -61,6 +62,7 @@ def driver() -> str:
 
 _HEADER = re.compile(rb"fleetfix-batch (\d+) (-?\d+) (\d+) (\d+) (\d+)\n")
 _MAX_HEADER = 128
+NODE_JOB = 0  # the node script's frame id: no container has it (Proxmox CTIDs start at 100)
 
 
 @dataclass
@@ -140,19 +142,21 @@ class PctBatch:
     deadline), `result(submitted)` is the container's result as `PctTransport.execute` would return it
     (GuestError for a stopped or missing CT, a timeout as timed_out), or None when the batch cannot run
     it: the caller runs it on its own channel then. No thread waits in between (Fleet's staged targets).
+    `submit_node()` and `node_result` do the same for `node_script`, run on the node itself.
     `close()` when no more ids will come (the batch also ends by itself after `expected` ids)."""
 
     def __init__(
         self, node: FeedableTransport, node_name: str, argv: Sequence[str], *, stdin: str,
-        timeout: float, max_output: int, expected: int,
+        timeout: float, max_output: int, expected: int, node_script: str = "",
     ) -> None:
         self._node = node
         self._node_name = node_name
         self._timeout = timeout
         self._backstop = watchdog_seconds(timeout) + NODE_BACKSTOP_SECONDS
         # stdin travels as one argument of the node's command line (text; the caller keeps it < 128 KiB).
-        self._argv = ("perl", "-e", driver(), "--", str(self._backstop), str(max_output), stdin,
+        self._argv = ("perl", "-e", driver(), "--", str(self._backstop), str(max_output), stdin, node_script,
                       *container_argv(argv, timeout))
+        self._has_node_script = bool(node_script)
         self._expected = expected
         self._fed = 0
         self._feed = StdinFeed()
@@ -166,30 +170,46 @@ class PctBatch:
     def submit(self, ctid: int, notify: Callable[[], None] | None = None) -> Submitted | None:
         """Feed the container to the node without waiting for it (None: the batch cannot run it). notify(),
         if given, is called once from the batch's thread when its result is in, or the batch gave up on it."""
+        if ctid == NODE_JOB:
+            return None
+        return self._submit(ctid, f"{ctid}\n", notify)
+
+    def submit_node(self) -> Submitted | None:
+        """Run the node script on the node, alongside the containers (None: the batch cannot, or has none);
+        `node_result` waits for it."""
+        return self._submit(NODE_JOB, "node\n", None) if self._has_node_script else None
+
+    def _submit(self, slot_id: int, line: str, notify: Callable[[], None] | None) -> Submitted | None:
         with self._lock:
-            if self._ended or self._frames.broken or ctid in self._slots:
+            if self._ended or self._frames.broken or slot_id in self._slots:
                 return None
-            submitted = Submitted(ctid, time.monotonic() + self._backstop + FRAME_GRACE_SECONDS, notify)
-            self._slots[ctid] = submitted
+            if not self._feed.put(line.encode()):  # closed: the node starts nothing more
+                return None
+            submitted = Submitted(slot_id, time.monotonic() + self._backstop + FRAME_GRACE_SECONDS, notify)
+            self._slots[slot_id] = submitted
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run_batch, daemon=True,
                                                 name=f"pct-batch-{self._node_name}")
                 self._thread.start()
-            self._fed += 1
-            self._feed.put(f"{ctid}\n".encode())
-            if self._fed >= self._expected:
-                self._feed.close()
+            if slot_id != NODE_JOB:
+                self._fed += 1
+                if self._fed >= self._expected:
+                    self._feed.close()
         return submitted
 
     def result(self, submitted: Submitted) -> CommandResult | None:
         """A submitted container's result, as `run` returns it; a timeout if it is not done by now."""
         if not submitted.done.is_set():
-            waited = time.monotonic() - submitted.fed
-            return CommandResult(TIMEOUT_EXIT_CODE, "", f"no result from the node after {waited:.0f}s\n",
-                                 waited, timed_out=True)
+            return _not_answered(submitted)
         if submitted.result is None:
             return None
         return pct_result(submitted.result, submitted.ctid, self._node_name, self._timeout)
+
+    def node_result(self, submitted: Submitted) -> CommandResult | None:
+        """The node script's result, waited for (a timeout past its deadline); None: the batch could not
+        run it, the caller runs it on a channel of its own."""
+        submitted.done.wait(max(0.0, submitted.deadline - time.monotonic()))
+        return submitted.result if submitted.done.is_set() else _not_answered(submitted)
 
     def close(self) -> None:
         """No more ids: the node finishes the containers in flight, then the channel ends (or closes with
@@ -224,3 +244,9 @@ class PctBatch:
                 pending = [slot for slot in self._slots.values() if not slot.done.is_set()]
             for slot in pending:  # never answered: each runs on its own channel
                 slot.finish()
+
+
+def _not_answered(submitted: Submitted) -> CommandResult:
+    waited = time.monotonic() - submitted.fed
+    return CommandResult(TIMEOUT_EXIT_CODE, "", f"no result from the node after {waited:.0f}s\n", waited,
+                         timed_out=True)

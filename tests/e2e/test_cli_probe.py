@@ -67,20 +67,22 @@ def test_older_toolkit_is_a_minor_mismatch(
     assert problems(report) == ["CUDA_TOOLKIT_MINOR_MISMATCH"]
 
 
-def test_a_nodes_containers_share_one_channel_plus_one_for_node_facts(
+def test_a_nodes_containers_and_its_facts_share_one_channel(
     lab: Lab, make_ct: Callable[..., Container],
 ) -> None:
-    # Three containers, one of them stopped: one connection, one batch channel (guests/pctbatch.py) and
-    # the node facts' channel; the stopped one is reported as such and does not hold up the others.
+    # Three containers, one of them stopped: one connection and one channel, the batch's
+    # (guests/pctbatch.py), which runs the node facts' script too; the stopped one is reported as such and
+    # does not hold up the others.
     first, second, stopped = make_ct(setup=problem_case), make_ct(setup=problem_case), make_ct(running=False)
     node = lab.node().ssh
     connections, channels = node.connections(), node.session_channels()
     result = run_cli("probe", *host_args(lab, None, first.ctid, second.ctid, stopped.ctid), "--json")
     reports = {report["ctid"]: report for report in result.json()["targets"]}
     assert node.connections() - connections == 1
-    assert node.session_channels() - channels == 2
+    assert node.session_channels() - channels == 1
     for ct in (first, second):
         assert reports[ct.ctid]["status"] == "ok"
+        assert reports[ct.ctid]["node_facts"]["hostname"] == node.name  # run by the node, not in a CT
         assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" in problems(reports[ct.ctid])
     stopped_report = reports[stopped.ctid]
     assert stopped_report["status"] == "unreachable"

@@ -56,10 +56,18 @@ def started(root: Path) -> list[int]:
     return [int(line) for line in path.read_text().split()] if path.exists() else []
 
 
+# What the node itself runs when asked (the probe's node facts): its stdin is not the containers'.
+NODE_SCRIPT = """echo node ran
+if read -r line; then echo "stdin: $line"; else echo "stdin: none"; fi
+echo "node stderr" >&2
+exit 4
+"""
+
+
 def batch(expected: int, *, timeout: float = 60, max_output: int = 1 << 20, stdin: str = SCRIPT,
-          node: LocalTransport | None = None) -> PctBatch:
+          node: LocalTransport | None = None, node_script: str = "") -> PctBatch:
     return PctBatch(node or LocalTransport("pve1"), "pve1", ["/bin/sh", "-s"], stdin=stdin, timeout=timeout,
-                    max_output=max_output, expected=expected)
+                    max_output=max_output, expected=expected, node_script=node_script)
 
 
 def run(pct_batch: PctBatch, ctid: int) -> CommandResult | None:
@@ -149,9 +157,32 @@ def test_the_node_starts_only_the_containers_it_is_given(node: Path) -> None:
 
 def test_without_perl_every_container_is_left_to_its_own_channel(node: Path, tmp_path: Path) -> None:
     no_perl = LocalTransport("pve1", env={"PATH": str(node / "bin")})  # pct, but no perl
-    pct_batch = batch(2, node=no_perl)
+    pct_batch = batch(2, node=no_perl, node_script=NODE_SCRIPT)
+    node_job = pct_batch.submit_node()
+    assert node_job is not None
     assert run_all(pct_batch, [200, 201]) == {200: None, 201: None}
+    assert pct_batch.node_result(node_job) is None  # the node script too
     assert pct_batch.error is not None and started(node) == []
+
+
+def test_the_node_script_runs_on_the_node_itself_alongside_the_containers(node: Path) -> None:
+    pct_batch = batch(2, node_script=NODE_SCRIPT)
+    node_job = pct_batch.submit_node()
+    assert node_job is not None and pct_batch.submit_node() is None  # once per batch
+    results = run_all(pct_batch, [200, 201])
+    assert all(isinstance(result, CommandResult) and result.exit_code == 3 for result in results.values())
+    result = pct_batch.node_result(node_job)
+    assert isinstance(result, CommandResult) and not result.timed_out
+    assert (result.exit_code, result.stdout, result.stderr) == (4, "node ran\nstdin: none\n", "node stderr\n")
+    assert sorted(started(node)) == [200, 201]  # not through pct
+
+
+def test_the_node_script_is_only_run_when_there_is_one_and_the_batch_is_open(node: Path) -> None:
+    assert batch(2).submit_node() is None
+    pct_batch = batch(1, node_script=NODE_SCRIPT)
+    assert pct_batch.submit(0) is None  # the node script's frame id: never a container's
+    assert isinstance(run(pct_batch, 200), CommandResult)
+    assert pct_batch.submit_node() is None  # every expected container fed: the node starts nothing more
 
 
 def test_the_container_gets_the_default_sigpipe_not_the_drivers(node: Path) -> None:

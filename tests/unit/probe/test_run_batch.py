@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fleetfix.fleet import Fleet
+from fleetfix.probe import run
 from fleetfix.probe.run import TargetReport, probe_targets
 from fleetfix.target import GuestRef, NodeRef, Target
+from fleetfix.transport.base import CommandResult, Transport
 
 PCT = """#!/bin/sh
 [ "$1" = exec ] || exit 2
@@ -50,6 +53,24 @@ def test_a_nodes_containers_share_one_batch(pct_log: Path) -> None:
     assert [report.status for report in reports] == ["ok"] * 3, [str(report.error) for report in reports]
     assert all(report.facts is not None and report.facts.os.id for report in reports)
     assert started_by(pct_log) == {200: "perl", 201: "perl", 202: "perl"}
+
+
+def test_the_node_facts_come_with_the_batch(pct_log: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # One channel per node for the whole probe: the node script runs in the batch, not on its own channel.
+    own_channel: list[str] = []
+    real_run_script = run.run_script
+
+    def recording(transport: Transport, script: str, **kwargs: Any) -> CommandResult:
+        own_channel.append(script)
+        return real_run_script(transport, script, **kwargs)
+
+    monkeypatch.setattr(run, "run_script", recording)
+    with Fleet() as fleet:
+        reports = probe_targets(fleet, containers(200, 201))
+    hostname = os.uname().nodename
+    assert [report.node.hostname if report.node else None for report in reports] == [hostname, hostname]
+    assert own_channel == []
+    assert started_by(pct_log) == {200: "perl", 201: "perl"}
 
 
 def test_one_container_alone_runs_on_its_own_channel(pct_log: Path) -> None:
