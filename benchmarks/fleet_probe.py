@@ -628,10 +628,12 @@ def compare(fleet: Bed, *, tools: Sequence[str], forks: int, channels: int, repe
             ) -> list[ToolResult]:
     """Each tool once; with repeat > 1, fleetfix (library and CLI) and the floor `repeat` times, interleaved
     (so a burst of load elsewhere on the machine hits each), keeping each one's median-wall run. The peers
-    run once."""
+    run once. Each round starts one tool further on: what a run leaves winding down on the bed (the floor's
+    ControlMasters and sessions) does not always land on the same tool."""
     runs: dict[str, list[ToolResult]] = {tool: [] for tool in tools}
     for round_index in range(repeat):
-        for tool in tools:
+        shift = round_index % len(tools)
+        for tool in [*tools[shift:], *tools[:shift]]:
             if round_index > 0 and tool not in REPEATED:
                 continue
             _say(f"running {tool} (round {round_index + 1}) ...")

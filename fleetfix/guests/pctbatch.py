@@ -7,9 +7,10 @@ script is sent once (docs/performance.md, issue 21).
 
 The protocol. The controller runs the driver (`pctbatch.pl`) on the node with: the backstop in seconds,
 the most bytes of one container's stdout (and, apart, stderr) to keep, the bytes every container gets on
-stdin, then the command for `pct exec CTID -- ...`. It writes container ids to the driver's stdin, one per
-line, as it starts each target, so the node starts exactly what the controller started: Fleet's
-`channels_per_node` and an interrupt (start nothing more) mean what they mean with a channel per container.
+stdin, a script for the node itself (empty: none), then the command for `pct exec CTID -- ...`. It writes
+container ids to the driver's stdin, one per line, as it starts each target, so the node starts exactly
+what the controller started: Fleet's `channels_per_node` and an interrupt (start nothing more) mean what
+they mean with a channel per container.
 EOF ends the batch once the containers in flight are done. The line `node` instead of an id runs the
 batch's node script on the node itself (`submit_node`: the probe's node facts, one channel fewer per node).
 Each container's result is one frame, written in one piece when it has ended (the node script's: CTID 0):
