@@ -206,10 +206,12 @@ class PctBatch:
             return None
         return pct_result(submitted.result, submitted.ctid, self._node_name, self._timeout)
 
-    def node_result(self, submitted: Submitted) -> CommandResult | None:
-        """The node script's result, waited for (a timeout past its deadline); None: the batch could not
-        run it, the caller runs it on a channel of its own."""
-        submitted.done.wait(max(0.0, submitted.deadline - time.monotonic()))
+    def node_result(self, submitted: Submitted, timeout: float | None = None) -> CommandResult | None:
+        """The node script's result, waited for up to `timeout` seconds after it was fed (at most to its
+        deadline; a timeout then); None: the batch could not run it, the caller runs it on a channel of its
+        own."""
+        until = submitted.deadline if timeout is None else min(submitted.deadline, submitted.fed + timeout)
+        submitted.done.wait(max(0.0, until - time.monotonic()))
         return submitted.result if submitted.done.is_set() else _not_answered(submitted)
 
     def close(self) -> None:

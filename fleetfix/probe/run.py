@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 MODEL_MODULES = ("fleetfix.probe.facts", "fleetfix.probe.rules")
 
 PROBE_TIMEOUT = 120.0
+NODE_FACTS_TIMEOUT = 30.0
 # --deep imports torch and each extension in child processes, each with its own limit.
 DEEP_PROBE_TIMEOUT = 900.0
 
@@ -134,9 +135,10 @@ class _NodeFactsCache:
     def _gather(self, target: Target) -> NodeFacts | None:
         with self._lock:
             batched = self._batched.get(target.node.name)
-        result = batched[0].node_result(batched[1]) if batched is not None else None
+        result = batched[0].node_result(batched[1], NODE_FACTS_TIMEOUT) if batched is not None else None
         if result is None:  # no batch, or it could not run the script: a channel of its own
-            result = run_script(self._fleet.node_transport(target), build_node_script(), timeout=30)
+            result = run_script(self._fleet.node_transport(target), build_node_script(),
+                                timeout=NODE_FACTS_TIMEOUT)
         if not result.ok:
             return None
         from fleetfix.probe.facts import parse_node_facts

@@ -177,6 +177,18 @@ def test_the_node_script_runs_on_the_node_itself_alongside_the_containers(node: 
     assert sorted(started(node)) == [200, 201]  # not through pct
 
 
+def test_a_node_script_that_hangs_is_a_timeout_after_the_callers_wait(node: Path) -> None:
+    pct_batch = batch(1, timeout=2, node_script="sleep 3600\n")  # the node kills it at its backstop, 4 s
+    began = time.monotonic()
+    node_job = pct_batch.submit_node()
+    assert node_job is not None
+    result = pct_batch.node_result(node_job, timeout=1)
+    assert isinstance(result, CommandResult) and result.timed_out and result.exit_code == 124
+    assert 1 <= time.monotonic() - began < 10
+    assert isinstance(run(pct_batch, 200), CommandResult)  # the containers go on
+    pct_batch.close()
+
+
 def test_the_node_script_is_only_run_when_there_is_one_and_the_batch_is_open(node: Path) -> None:
     assert batch(2).submit_node() is None
     pct_batch = batch(1, node_script=NODE_SCRIPT)
