@@ -36,8 +36,10 @@ def test_start_up_collects_rarely_then_the_run_as_usual_then_all_as_before() -> 
         frozen = gc.get_freeze_count()
         assert frozen > 1000  # every module, class and function alive now
         assert gc.get_threshold() == (700, 10, 10)
+        made_by_the_run = [[] for _ in range(100)]
         collector.start_up_done()  # once only: what the run made is not frozen
-        assert gc.get_freeze_count() == frozen
+        # At most `frozen`: a thread left by an earlier test may free a frozen object meanwhile.
+        assert gc.get_freeze_count() <= frozen, len(made_by_the_run)
     assert gc.get_threshold() == (700, 10, 10)
     assert gc.get_freeze_count() == 0
 
@@ -67,9 +69,11 @@ def test_a_collector_frozen_by_its_program_is_left_alone() -> None:
     gc.freeze()
     frozen = gc.get_freeze_count()
     with collector.command_collector():
+        made_by_the_command = [[] for _ in range(100)]
         collector.start_up_done()
         assert gc.get_threshold() == (700, 10, 10)
-    assert gc.get_freeze_count() == frozen
+    # Neither unfrozen nor frozen again (a thread left by an earlier test may free a frozen object).
+    assert frozen - 100 < gc.get_freeze_count() <= frozen, len(made_by_the_command)
 
 
 def test_the_programs_own_thresholds_are_the_runs() -> None:
