@@ -105,14 +105,13 @@ class _NodeFactsCache:
         if not node_lock.acquire(blocking=False):
             return
         submitted = batch.submit_node() if batch is not None else None
-        if submitted is None:
-            threading.Thread(target=self._fill_then_release, args=(target, node_lock), daemon=True,
-                             name=f"node-facts-{name}").start()
+        if batch is not None and submitted is not None:  # the batch's thread answers; `get` waits for it
+            with self._lock:
+                self._batched[name] = (batch, submitted)
+            node_lock.release()
             return
-        assert batch is not None
-        with self._lock:
-            self._batched[name] = (batch, submitted)
-        node_lock.release()
+        threading.Thread(target=self._fill_then_release, args=(target, node_lock), daemon=True,
+                         name=f"node-facts-{name}").start()
 
     def _fill_then_release(self, target: Target, node_lock: threading.Lock) -> None:
         try:
