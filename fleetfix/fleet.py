@@ -119,6 +119,19 @@ class Outcome(Generic[R]):
     def ok(self) -> bool:
         return self.status == "ok"
 
+    @classmethod
+    def failed(cls, target: Target, error: Exception, duration: float) -> Outcome[Any]:
+        """How an exception raised for a target is recorded, never raised on: a stopped, missing or
+        agent-less guest, or sudo refused, is unreachable (nothing ran, like a node down); any other
+        FleetfixError failed; anything else is a bug, failed as an UnexpectedError, and the others go on."""
+        if isinstance(error, (GuestError, BecomeError)):
+            return cls(target, "unreachable", error=error, duration=duration)
+        if isinstance(error, FleetfixError):
+            return cls(target, "failed", error=error, duration=duration)
+        wrapped = UnexpectedError(f"unexpected error: {_describe(error)}")
+        wrapped.__cause__ = error
+        return cls(target, "failed", error=wrapped, duration=duration)
+
 
 @dataclass
 class _NodeSlot:
@@ -512,16 +525,7 @@ def _report(outcome: Outcome[Any], on_event: EventHandler | None) -> None:
 
 
 def _failure(target: Target, error: Exception, started: float) -> Outcome[Any]:
-    duration = time.monotonic() - started
-    # The guest is stopped, missing or agent-less, or sudo refused: nothing ran, like a node down.
-    if isinstance(error, (GuestError, BecomeError)):
-        return Outcome(target, "unreachable", error=error, duration=duration)
-    if isinstance(error, FleetfixError):
-        return Outcome(target, "failed", error=error, duration=duration)
-    # A bug: recorded for this target, the others go on.
-    wrapped = UnexpectedError(f"unexpected error: {_describe(error)}")
-    wrapped.__cause__ = error
-    return Outcome(target, "failed", error=wrapped, duration=duration)
+    return Outcome.failed(target, error, time.monotonic() - started)
 
 
 def _node_key(target: Target) -> Hashable:

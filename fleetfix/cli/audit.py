@@ -102,7 +102,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
             # A remediation records the audit's results again (its re-probe run): with their facts.
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
-                            on_progress=progress.advance, args=args,
+                            on_progress=lambda done: progress.advance(done.target), args=args,
                             facts=True if playbook is not None else report.facts)
         if playbook is None or remediate_path is None:
             report.emit(run)

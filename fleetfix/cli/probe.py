@@ -42,7 +42,7 @@ def probe_command(deep: bool, report: ReportChoice, targets: TargetRequest,
         from fleetfix.probe.run import ProbeRun, probe_targets
 
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
-            run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_done=progress.advance,
+            run = ProbeRun(probe_targets(fleet, resolved, deep=deep, on_probed=progress.advance,
                                          also_import=report.modules))
     report.emit(run)
     return run.exit_code

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rich.progress import Progress
 
-    from fleetfix.probe.run import TargetReport
+    from fleetfix.target import Target
 
 
 class ProbeProgress:
@@ -43,6 +43,7 @@ class ProbeProgress:
         if self._progress:
             self._progress.stop()
 
-    def advance(self, report: TargetReport) -> None:
+    def advance(self, target: Target) -> None:
+        """One more target probed."""
         if self._progress:
-            self._progress.update(self._task, advance=1, description=report.target.name)
+            self._progress.update(self._task, advance=1, description=target.name)

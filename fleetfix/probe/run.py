@@ -9,8 +9,8 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from fleetfix.errors import ExitCode, FleetfixError
 from fleetfix.fleet import Fleet, Outcome, Pending, RunOnThread
@@ -24,6 +24,8 @@ from fleetfix.transport.base import SHELL_STDIN, CommandResult, Transport, comma
 if TYPE_CHECKING:
     from fleetfix.probe.facts import Facts, NodeFacts
     from fleetfix.probe.rules import Finding
+
+R = TypeVar("R")
 
 # What reads the probe's output: imported while the first scripts run (import_ahead), not before they are
 # sent. Together ~0.12 s of CPU, most of it pydantic building the facts models (one target: ~0.04 s less
@@ -236,33 +238,74 @@ def probe_targets(
     targets: Sequence[Target],
     *,
     deep: bool = False,
-    on_done: Callable[[TargetReport], None] | None = None,
-    keep_facts: bool = True,
+    on_probed: Callable[[Target], None] | None = None,
     also_import: Sequence[str] = (),
 ) -> list[TargetReport]:
-    """Probe every target; on_done(report) as each one finishes (from worker threads). keep_facts=False:
-    the reports returned carry no facts, for a caller that takes each one in on_done (the audit commits it
-    there). Held to the end, 10,000 targets' facts were ~200 MB of the audit's peak memory (issue 21).
-    also_import: modules the caller needs afterwards (its report's renderer), imported while the first
-    scripts run, with the probe's own models (fleetfix.importahead)."""
-    keep = (lambda report: report) if keep_facts else (lambda report: replace(report, facts=None))
-    reports = _probe(fleet, targets, deep=deep, on_done=on_done, keep=keep, also_import=also_import)
-    return [report for report in reports if report is not None]
+    """Probe every target; their reports, in input order. on_probed(target) as each target's probe ends
+    (from worker threads: a progress bar). also_import: modules the caller needs afterwards (its report's
+    renderer), imported while the first scripts run, with the probe's own models (fleetfix.importahead).
+
+    The outputs are read and diagnosed after the last probe has ended, one after the other. Done on the node
+    threads as each output came in, between the other threads' packets, the same work cost 200 targets
+    ~70-85 ms of CPU; in one pass afterwards ~30-45 ms, and the whole `fleetfix probe` 0.61 -> 0.545 s
+    (medians of 14 interleaved runs; issue 21, docs/performance.md). What it costs: a target's findings
+    come with the others', not as it finishes. A caller that takes each report as it comes (the audit
+    commits them one by one) uses probe_each."""
+    def probed(item: _Probed | TargetReport) -> _Probed | TargetReport:
+        if on_probed:
+            on_probed(item.target)
+        return item
+
+    items = _probe(fleet, targets, deep=deep, finish=probed, also_import=also_import)
+    for index, item in enumerate(items):  # in place: each output is dropped once it is read
+        if isinstance(item, _Probed):
+            items[index] = item.report()
+    return cast("list[TargetReport]", items)
 
 
 def probe_each(fleet: Fleet, targets: Sequence[Target], *, deep: bool = False,
                on_done: Callable[[TargetReport], None]) -> None:
-    """Probe every target and hand each report to on_done (from worker threads), keeping none: for a
-    caller that takes each one in there (the audit commits it). Even without their facts, 10,000 reports
-    held to the end (findings, node facts) were ~8 KiB each of the audit's peak memory (issue 21)."""
-    _probe(fleet, targets, deep=deep, on_done=on_done, keep=None)
+    """Probe every target and hand each report to on_done (from worker threads) as it finishes, keeping
+    none: for a caller that takes each one in there (the audit commits it). Held to the end, 10,000
+    targets' facts were ~200 MB of the audit's peak memory, and even without them their reports (findings,
+    node facts) ~8 KiB each (issue 21)."""
+    def report(item: _Probed | TargetReport) -> None:
+        on_done(item.report() if isinstance(item, _Probed) else item)
+
+    _probe(fleet, targets, deep=deep, finish=report)
+
+
+@dataclass
+class _Probed:
+    """A target whose probe has ended: its output, not read yet (probe_targets reads them all at the end)."""
+
+    target: Target
+    stdout: str
+    node: NodeFacts | None
+    duration: float
+
+    def report(self) -> TargetReport:
+        """The output read and diagnosed; a failed report for output that is not the probe's (or a bug in a
+        rule: for this target only, as anything raised for a target while the fleet runs it)."""
+        from fleetfix.probe.facts import parse_facts  # loaded by now (import_ahead)
+        from fleetfix.probe.rules import diagnose
+
+        try:
+            facts = parse_facts(self.stdout)
+            required = self.target.vars.get("required_extensions") or ()
+            findings = diagnose(facts, self.node, required_extensions=[str(name) for name in required])
+        except Exception as error:
+            failed = Outcome.failed(self.target, error, self.duration)
+            return TargetReport(self.target, failed.status, error=failed.error, duration=self.duration)
+        return TargetReport(self.target, "ok", facts, self.node, findings, duration=self.duration)
 
 
 def _probe(
-    fleet: Fleet, targets: Sequence[Target], *, deep: bool, on_done: Callable[[TargetReport], None] | None,
-    keep: Callable[[TargetReport], TargetReport] | None, also_import: Sequence[str] = (),
-) -> list[TargetReport | None]:
-    """Each target's report, after on_done: what keep makes of it, or None with no keep."""
+    fleet: Fleet, targets: Sequence[Target], *, deep: bool,
+    finish: Callable[[_Probed | TargetReport], R], also_import: Sequence[str] = (),
+) -> list[R]:
+    """What finish makes of each target, in input order: of its output once the probe ended (with the
+    node's facts), or of its failed report."""
     node_cache = _NodeFactsCache(fleet)
     batches = _NodeBatches(fleet, targets, deep=deep)
     importing = threading.Lock()
@@ -277,26 +320,17 @@ def _probe(
             node_cache.start(target, batch)
         return on_node_kernel
 
-    def finish(target: Target, facts: Facts, on_node_kernel: bool, started: float) -> TargetReport | None:
-        from fleetfix.probe.rules import diagnose  # loaded meanwhile (import_ahead)
-
+    def ended(target: Target, stdout: str, on_node_kernel: bool, started: float) -> R:
         node = node_cache.get(target) if on_node_kernel else None
-        required = target.vars.get("required_extensions") or ()
-        findings = diagnose(facts, node, required_extensions=[str(name) for name in required])
-        report = TargetReport(target, "ok", facts, node, findings)
-        report.duration = time.monotonic() - started
-        if on_done:
-            on_done(report)
-        return None if keep is None else keep(report)
+        return finish(_Probed(target, stdout, node, time.monotonic() - started))
 
-    def probe_one(target: Target, transport: Transport) -> TargetReport | None:
+    def probe_one(target: Target, transport: Transport) -> R:
         """A target on a channel of its own."""
         started = time.monotonic()
         on_node_kernel = begin(target)
-        return finish(target, gather_facts(target, transport, deep=deep), on_node_kernel, started)
+        return ended(target, _probe_output(target, transport, deep=deep), on_node_kernel, started)
 
-    def start(target: Target, _transport: Transport, notify: Callable[[], None]
-              ) -> Pending[TargetReport | None] | None:
+    def start(target: Target, _transport: Transport, notify: Callable[[], None]) -> Pending[R] | None:
         """A target in its node's batch, without a thread waiting for it (None: not batched)."""
         started = time.monotonic()
         submitted = batches.submit(target, notify)
@@ -305,21 +339,19 @@ def _probe(
         batch, fed = submitted
         on_node_kernel = begin(target, batch)
 
-        def finished() -> TargetReport | None:
+        def finished() -> R:
             result = batch.result(fed)
             if result is None:  # the batch could not run it: on a channel of its own
                 raise RunOnThread
-            return finish(target, facts_from(result, deep=deep), on_node_kernel, started)
+            return ended(target, _output_of(result, deep=deep), on_node_kernel, started)
 
         return Pending(fed.deadline, finished)
 
-    def from_outcome(outcome: Outcome[TargetReport | None]) -> TargetReport | None:
+    def from_outcome(outcome: Outcome[R]) -> R:
         if outcome.ok:
-            return outcome.value
-        report = TargetReport(outcome.target, outcome.status, error=outcome.error, duration=outcome.duration)
-        if on_done:
-            on_done(report)
-        return None if keep is None else report
+            return cast(R, outcome.value)
+        return finish(TargetReport(outcome.target, outcome.status, error=outcome.error,
+                                   duration=outcome.duration))
 
     try:
         outcomes = fleet.map(targets, probe_one, start=start)
@@ -330,18 +362,22 @@ def _probe(
 
 def gather_facts(target: Target, transport: Transport, *, deep: bool = False) -> Facts:
     """The probe on one target, for playbooks: its facts only."""
-    script = build_probe_script(python_interpreters(target), deep=deep)
-    timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
-    return facts_from(run_script(transport, with_buffered_stdout(script), timeout=timeout), deep=deep)
-
-
-def facts_from(result: CommandResult, *, deep: bool) -> Facts:
-    """The facts in a probe script's result."""
-    if result.timed_out:
-        raise FleetfixError(f"probe timed out after {DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT:.0f}s")
     from fleetfix.probe.facts import parse_facts  # after the script ran: see MODEL_MODULES
 
-    return parse_facts(result.stdout)
+    return parse_facts(_probe_output(target, transport, deep=deep))
+
+
+def _probe_output(target: Target, transport: Transport, *, deep: bool) -> str:
+    script = build_probe_script(python_interpreters(target), deep=deep)
+    timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
+    return _output_of(run_script(transport, with_buffered_stdout(script), timeout=timeout), deep=deep)
+
+
+def _output_of(result: CommandResult, *, deep: bool) -> str:
+    """The probe's output in a probe script's result (read later: parse_facts)."""
+    if result.timed_out:
+        raise FleetfixError(f"probe timed out after {DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT:.0f}s")
+    return result.stdout
 
 
 def with_buffered_stdout(script: str) -> str:

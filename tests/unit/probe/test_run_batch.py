@@ -12,7 +12,7 @@ import pytest
 
 from fleetfix.fleet import Fleet
 from fleetfix.probe import run
-from fleetfix.probe.run import TargetReport, probe_targets
+from fleetfix.probe.run import probe_targets
 from fleetfix.target import GuestRef, NodeRef, Target
 from fleetfix.transport.base import CommandResult, Transport
 
@@ -81,12 +81,12 @@ def test_one_container_alone_runs_on_its_own_channel(pct_log: Path) -> None:
 
 
 def test_an_interrupt_starts_no_more_containers_on_the_node(pct_log: Path) -> None:
-    # One target at a time; the first one's report interrupts the run: the node never starts the others.
+    # One target at a time; the first one's end interrupts the run: the node never starts the others.
     with Fleet(channels_per_node=1) as fleet:
-        def interrupt(_report: TargetReport) -> None:
+        def interrupt(_target: Target) -> None:
             fleet.interrupt()
 
-        reports = probe_targets(fleet, containers(200, 201, 202), on_done=interrupt)
+        reports = probe_targets(fleet, containers(200, 201, 202), on_probed=interrupt)
     assert [report.status for report in reports] == ["ok", "failed", "failed"]
     assert all("interrupted" in str(report.error) for report in reports[1:])
     assert started_by(pct_log) == {200: "perl"}

@@ -76,21 +76,6 @@ def test_a_vm_runs_its_own_kernel_so_node_facts_are_neither_gathered_nor_applied
     assert report.node is None and all(call.argv[:3] == ("qm", "guest", "exec") for call in node.calls)
 
 
-def test_without_keep_facts_on_done_sees_the_facts_and_the_returned_reports_do_not_hold_them() -> None:
-    # The audit commits each report in on_done; holding every target's facts to the end set its peak memory.
-    node = FakeTransport("pve1").on(re.compile(r"^pct exec "), stdout=HEALTHY).on(
-        ANY, stdout="fleetfix-node-facts 1\nhostname\tpve1\n")
-    ref = NodeRef("pve1", SSHSettings(address="127.0.0.1", port=2222))  # never dialled: the fake answers
-    targets = [Target(f"pve1/{ctid}", ref, GuestRef.lxc(ctid)) for ctid in CTIDS]
-    seen: list[bool] = []
-    with Fleet(connect=lambda _settings: node) as fleet:
-        reports = probe_targets(fleet, targets, on_done=lambda report: seen.append(report.facts is not None),
-                                keep_facts=False)
-    assert seen == [True] * len(CTIDS)
-    assert [report.status for report in reports] == ["ok"] * len(CTIDS)
-    assert all(report.facts is None and report.node is not None for report in reports)
-
-
 def test_probe_each_hands_every_report_to_on_done_and_keeps_none() -> None:
     """What the audit probes with (issue 21): each report, probed or not, reaches on_done with its facts;
     nothing is returned, so nothing per target outlives its on_done."""
