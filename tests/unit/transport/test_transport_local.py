@@ -103,3 +103,25 @@ def test_a_feed_sent_directly_keeps_its_order_when_a_chunk_must_wait() -> None:
     feed.close()
     assert sent == [b"a", b"b"]
     assert list(feed) == [b"too large", b"c"]
+
+
+def test_what_a_feed_queued_before_it_is_sent_directly_goes_as_one_chunk() -> None:
+    # A batch's first ids, queued while its channel opens: one packet, not one each.
+    sent: list[bytes | None] = []
+    feed = StdinFeed()
+    for line in (b"200\n", b"201\n", b"202\n"):
+        feed.put(line)
+    feed.send_directly(lambda chunk: sent.append(chunk) is None)
+    feed.put(b"203\n")
+    assert sent == [b"200\n201\n202\n", b"203\n"]
+
+
+def test_a_feed_closed_before_it_is_sent_directly_sends_its_data_then_eof() -> None:
+    sent: list[bytes | None] = []
+    feed = StdinFeed()
+    feed.put(b"200\n")
+    feed.put(b"201\n")
+    feed.close()
+    feed.send_directly(lambda chunk: sent.append(chunk) is None)
+    assert sent == [b"200\n201\n", None]
+    assert not feed.put(b"202\n")
