@@ -245,12 +245,11 @@ def probe_targets(
     (from worker threads: a progress bar). also_import: modules the caller needs afterwards (its report's
     renderer), imported while the first scripts run, with the probe's own models (fleetfix.importahead).
 
-    The outputs are read and diagnosed after the last probe has ended, one after the other. Done on the node
-    threads as each output came in, between the other threads' packets, the same work cost 200 targets
-    ~70-85 ms of CPU; in one pass afterwards ~30-45 ms, and the whole `fleetfix probe` 0.61 -> 0.545 s
-    (medians of 14 interleaved runs; issue 21, docs/performance.md). What it costs: a target's findings
-    come with the others', not as it finishes. A caller that takes each report as it comes (the audit
-    commits them one by one) uses probe_each."""
+    The outputs are read and diagnosed after the last probe has ended, one after the other: done on the node
+    threads as each came in, between the other threads' packets, the same work cost 200 targets ~70-85 ms
+    of CPU, in one pass afterwards ~25-45 ms (issue 21, docs/performance.md). What it costs: a target's
+    findings come with the others', not as it finishes. A caller that takes each report as it comes (the
+    audit commits them one by one) uses probe_each."""
     def probed(item: _Probed | TargetReport) -> _Probed | TargetReport:
         if on_probed:
             on_probed(item.target)
