@@ -40,15 +40,21 @@ def node_answering(**outputs: str) -> FakeTransport:
     return node.on(ANY, stdout="fleetfix-node-facts 1\nhostname\tpve1\n")
 
 
-def test_outputs_are_read_after_every_target_has_ended(monkeypatch: pytest.MonkeyPatch) -> None:
-    events: list[str] = []
+@pytest.fixture
+def events(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """What happened, in order: "read" each time a probe output is parsed, and what the test adds."""
+    happened: list[str] = []
     real_parse = facts_module.parse_facts
 
     def parse(stdout: str) -> Facts:
-        events.append("read")
+        happened.append("read")
         return real_parse(stdout)
 
     monkeypatch.setattr(facts_module, "parse_facts", parse)
+    return happened
+
+
+def test_outputs_are_read_after_every_target_has_ended(events: list[str]) -> None:
     with fleet_of(node_answering()) as fleet:
         reports = probe_targets(fleet, targets(200, 201, 202, 203),
                                 on_probed=lambda target: events.append(target.name))
@@ -86,17 +92,9 @@ def test_a_bug_in_a_rule_fails_that_target_alone(monkeypatch: pytest.MonkeyPatch
     assert "KeyError" in str(reports[2].error)
 
 
-def test_probe_each_hands_over_each_report_as_its_target_ends(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_probe_each_hands_over_each_report_as_its_target_ends(events: list[str]) -> None:
     # The audit commits each report as it comes: none waits for the others to be read. One target at a time,
     # so that the order of the events is the order of the work.
-    events: list[str] = []
-    real_parse = facts_module.parse_facts
-
-    def parse(stdout: str) -> Facts:
-        events.append("read")
-        return real_parse(stdout)
-
-    monkeypatch.setattr(facts_module, "parse_facts", parse)
     with fleet_of(node_answering(), channels_per_node=1) as fleet:
         probe_each(fleet, targets(200, 201, 202), on_done=lambda report: events.append(report.status))
     assert events == ["read", "ok"] * 3
