@@ -173,14 +173,15 @@ class PctBatch:
         if given, is called once from the batch's thread when its result is in, or the batch gave up on it."""
         if ctid == NODE_JOB:
             return None
-        return self._submit(ctid, f"{ctid}\n", notify)
+        return self._submit(ctid, notify)
 
     def submit_node(self) -> Submitted | None:
         """Run the node script on the node, alongside the containers (None: the batch cannot, or has none);
         `node_result` waits for it."""
-        return self._submit(NODE_JOB, "node\n", None) if self._has_node_script else None
+        return self._submit(NODE_JOB, None) if self._has_node_script else None
 
-    def _submit(self, slot_id: int, line: str, notify: Callable[[], None] | None) -> Submitted | None:
+    def _submit(self, slot_id: int, notify: Callable[[], None] | None) -> Submitted | None:
+        line = "node\n" if slot_id == NODE_JOB else f"{slot_id}\n"
         with self._lock:
             if self._ended or self._frames.broken or slot_id in self._slots:
                 return None

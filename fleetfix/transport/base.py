@@ -165,8 +165,8 @@ class StdinFeed:
 
     def send_directly(self, send: Callable[[bytes | None], bool]) -> None:
         """From now on each chunk (None: EOF) goes to send(chunk) in the thread that puts it, what is queued
-        first, as one chunk; send returns False when it cannot take a chunk without blocking: that chunk and
-        every later one are queued, in order, for `__iter__` (the transport starts its writer then).
+        first; send returns False when it cannot take a chunk without blocking: that chunk and every later
+        one are queued, in order, for `__iter__` (the transport starts its writer then).
 
         What is queued goes as one chunk: a node's batch queues the ids of its first containers while its
         channel opens, one SSH packet each when sent one by one (7 packets per node more, ~0.1 ms of
