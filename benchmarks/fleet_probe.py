@@ -220,14 +220,21 @@ def run_fleetfix(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_
     )
 
 
-def run_paramiko_ref(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS,
-                     channels: int = DEFAULT_CHANNELS) -> ToolResult:
-    """The minimal paramiko reference (benchmarks/paramiko_ref.py): the same remote work, nothing else."""
+def write_ref_spec(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS,
+                   channels: int = DEFAULT_CHANNELS) -> Path:
+    """The paramiko reference's input (`python -m benchmarks.paramiko_ref SPEC`)."""
     spec_path = fleet.workdir / "paramiko-ref-spec.json"
     spec_path.write_text(json.dumps({
         "identity": str(fleet.lab.client_key), "known_hosts": str(fleet.lab.known_hosts),
         "forks": forks, "channels_per_node": channels, "nodes": [asdict(node) for node in nodes],
     }))
+    return spec_path
+
+
+def run_paramiko_ref(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS,
+                     channels: int = DEFAULT_CHANNELS) -> ToolResult:
+    """The minimal paramiko reference (benchmarks/paramiko_ref.py): the same remote work, nothing else."""
+    spec_path = write_ref_spec(fleet, nodes, forks=forks, channels=channels)
     argv = [sys.executable, "-m", "benchmarks.paramiko_ref", str(spec_path)]
     run, counts = measure_counted(fleet, nodes, argv, env=_python_env(), cwd=REPO)
     try:
@@ -238,11 +245,9 @@ def run_paramiko_ref(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFA
     return ToolResult.from_measured("paramiko-ref", summary["targets"], summary["ok"], run, counts)
 
 
-def run_fleetfix_cli(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS) -> ToolResult:
-    """The real command, end to end: `fleetfix probe -i inventory.yaml --json` (interpreter start-up, the
-    CLI's imports, inventory loading and the output included). The inventory names each node's proxy
-    port; the host keys are the lab's, recorded for the proxy endpoints, as for the peers."""
-    rundir = fleet.workdir / "fleetfix-cli"
+def write_cli_inventory(fleet: Bed, nodes: Sequence[NodeSpec], rundir: Path) -> Path:
+    """rundir/inventory.yaml for `fleetfix probe -i inventory.yaml`, run in rundir: the nodes at their proxy
+    ports, the lab's host keys recorded for those endpoints (known_hosts beside it). Returns rundir."""
     rundir.mkdir(exist_ok=True)
     write_proxy_known_hosts(fleet, nodes, rundir / "known_hosts")
     inventory = {
@@ -251,6 +256,14 @@ def run_fleetfix_cli(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFA
                    "containers": [{"ctid": ctid} for ctid in n.ctids]} for n in nodes],
     }
     (rundir / "inventory.yaml").write_text(json.dumps(inventory, indent=1))  # JSON is YAML
+    return rundir
+
+
+def run_fleetfix_cli(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS) -> ToolResult:
+    """The real command, end to end: `fleetfix probe -i inventory.yaml --json` (interpreter start-up, the
+    CLI's imports, inventory loading and the output included). The inventory names each node's proxy
+    port; the host keys are the lab's, recorded for the proxy endpoints, as for the peers."""
+    rundir = write_cli_inventory(fleet, nodes, fleet.workdir / "fleetfix-cli")
     argv = [sys.executable, "-m", "fleetfix", "probe", "-i", "inventory.yaml", "--json", f"--forks={forks}"]
     run, counts = measure_counted(fleet, nodes, argv, env=_python_env(), cwd=rundir)
     try:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
@@ -71,6 +72,21 @@ def version_tuple(text: str | None) -> tuple[int, ...] | None:
     if not text or not re.fullmatch(r"\d+(\.\d+)*", text.strip()):
         return None
     return tuple(int(part) for part in text.strip().split("."))
+
+
+_T = TypeVar("_T")
+
+
+def empty(kind: Callable[[], _T]) -> Callable[[], _T]:
+    """`Field(default_factory=empty(list))`: what `default_factory=list` gives, cheaper to declare. pydantic
+    reads a factory's signature when it builds the model; a builtin's (list, dict) it parses from text
+    with tokenize, a model class's it builds from the fields, a plain function's it reads off the code.
+    For the probe's models that was ~26 M instructions of every command's start-up, ~1.5% of a
+    200-target probe (benchmarks/instructions.py, issue 21)."""
+    def make() -> _T:
+        return kind()
+
+    return make
 
 
 class _Model(BaseModel):
@@ -144,7 +160,7 @@ class NvidiaIndex(_Model):
     """apt's downloaded index of NVIDIA's repository: how many list files, which cuda-nvcc-X-Y."""
 
     files: int = 0
-    nvcc: list[str] = Field(default_factory=list)   # "12-8", "13-0"
+    nvcc: list[str] = Field(default_factory=empty(list))   # "12-8", "13-0"
 
     def carries(self, cuda: str) -> bool | None:
         """Whether the index has cuda-nvcc for X.Y; None when there is no index to tell."""
@@ -158,10 +174,10 @@ class AptFacts(_Model):
     keyring_installed: bool = False
     keyring_version: str | None = None
     keyring_file: bool = False
-    nvidia_sources: list[AptSource] = Field(default_factory=list)
-    nvidia_keys: list[KeyringHit] = Field(default_factory=list)
+    nvidia_sources: list[AptSource] = Field(default_factory=empty(list))
+    nvidia_keys: list[KeyringHit] = Field(default_factory=empty(list))
     apt_key: bool | None = None          # None: an older probe that did not look
-    nvidia_index: NvidiaIndex = Field(default_factory=NvidiaIndex)
+    nvidia_index: NvidiaIndex = Field(default_factory=empty(NvidiaIndex))
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -193,7 +209,7 @@ class DpkgFacts(_Model):
     present: bool = False
     interrupted: bool = False
     pending_updates: int = 0
-    lock_holders: list[LockHolder] = Field(default_factory=list)
+    lock_holders: list[LockHolder] = Field(default_factory=empty(list))
 
 
 class Nvcc(_Model):
@@ -216,11 +232,11 @@ class Package(_Model):
 
 
 class CudaFacts(_Model):
-    toolkits: list[Toolkit] = Field(default_factory=list)
+    toolkits: list[Toolkit] = Field(default_factory=empty(list))
     default_link: str | None = None
     nvcc_on_path: Nvcc | None = None
     distro_nvcc: Nvcc | None = None
-    packages: list[Package] = Field(default_factory=list)
+    packages: list[Package] = Field(default_factory=empty(list))
     env_cuda_home: str | None = None       # CUDA_HOME/CUDA_PATH set for logins (/etc/environment, profile)
     env_cuda_home_file: str | None = None  # the file that sets it
 
@@ -249,8 +265,8 @@ class Extension(_Model):
 class DeepTorch(_Model):
     cuda_available: bool | None = None
     device_count: int | None = None
-    capabilities: list[str] = Field(default_factory=list)
-    arch_list: list[str] = Field(default_factory=list)
+    capabilities: list[str] = Field(default_factory=empty(list))
+    arch_list: list[str] = Field(default_factory=empty(list))
     error: str | None = None
 
 
@@ -264,8 +280,8 @@ class PythonEnv(_Model):
     python_tag: str | None = None  # "cp311": the wheel tag of this interpreter
     libc: str | None = None  # "glibc 2.36"
     torch: TorchInfo | None = None
-    extensions: dict[str, Extension] = Field(default_factory=dict)
-    pip_nvcc: list[Nvcc] = Field(default_factory=list)
+    extensions: dict[str, Extension] = Field(default_factory=empty(dict))
+    pip_nvcc: list[Nvcc] = Field(default_factory=empty(list))
     conda_nvcc: Nvcc | None = None        # $CONDA_PREFIX/bin/nvcc of a conda env (conda's cuda-nvcc)
     python_h: bool | None = None          # Python.h for this interpreter (None: an older probe)
     deep: DeepTorch | None = None
@@ -300,13 +316,13 @@ class DriverLib(_Model):
 
 
 class GpuFacts(_Model):
-    devices: list[str] = Field(default_factory=list)
+    devices: list[str] = Field(default_factory=empty(list))
     smi_present: bool = False
     smi_error: str | None = None
     driver_version: str | None = None
-    names: list[str] = Field(default_factory=list)
-    compute_caps: list[str] = Field(default_factory=list)
-    driver_libs: list[DriverLib] = Field(default_factory=list)
+    names: list[str] = Field(default_factory=empty(list))
+    compute_caps: list[str] = Field(default_factory=empty(list))
+    driver_libs: list[DriverLib] = Field(default_factory=empty(list))
 
     @property
     def userspace_driver_versions(self) -> list[str]:
@@ -321,7 +337,7 @@ class BuildFacts(_Model):
     ninja: bool = False
     ninja_version: str | None = None
     make: bool = False
-    disk_free_mb: dict[str, int | None] = Field(default_factory=dict)
+    disk_free_mb: dict[str, int | None] = Field(default_factory=empty(dict))
     mem_total_mb: int | None = None
     mem_available_mb: int | None = None
     cpus: int | None = None
@@ -334,14 +350,14 @@ class Facts(_Model):
     deep: bool = False
     hostname: str | None = None
     kernel: str | None = None
-    os: OsFacts = Field(default_factory=OsFacts)
-    apt: AptFacts = Field(default_factory=AptFacts)
-    dpkg: DpkgFacts = Field(default_factory=DpkgFacts)
-    cuda: CudaFacts = Field(default_factory=CudaFacts)
-    pythons: list[PythonEnv] = Field(default_factory=list)
-    discovered_pythons: list[DiscoveredPython] = Field(default_factory=list)
-    gpu: GpuFacts = Field(default_factory=GpuFacts)
-    build: BuildFacts = Field(default_factory=BuildFacts)
+    os: OsFacts = Field(default_factory=empty(OsFacts))
+    apt: AptFacts = Field(default_factory=empty(AptFacts))
+    dpkg: DpkgFacts = Field(default_factory=empty(DpkgFacts))
+    cuda: CudaFacts = Field(default_factory=empty(CudaFacts))
+    pythons: list[PythonEnv] = Field(default_factory=empty(list))
+    discovered_pythons: list[DiscoveredPython] = Field(default_factory=empty(list))
+    gpu: GpuFacts = Field(default_factory=empty(GpuFacts))
+    build: BuildFacts = Field(default_factory=empty(BuildFacts))
 
     @computed_field  # type: ignore[prop-decorator]
     @property

@@ -7,6 +7,7 @@ mapped from library errors at the seam.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import queue
 import shlex
@@ -286,4 +287,15 @@ def put_file(
 
 def command_line(argv: Sequence[str]) -> str:
     """The one place argv becomes a remote shell command line: every word quoted once."""
-    return shlex.join(argv)
+    return " ".join(_quoted_long(word) if len(word) >= _LONG_WORD else shlex.quote(word) for word in argv)
+
+
+# Words this long are scripts: the probe's (~44 KB) and the batch driver go to every node, and quoting one
+# is a pass over it replacing its quotes, twice per node (at 20 nodes ~0.6% of a 200-target probe's
+# instructions; benchmarks/instructions.py, issue 21). The same few words, quoted once.
+_LONG_WORD = 4096
+
+
+@functools.lru_cache(maxsize=16)
+def _quoted_long(word: str) -> str:
+    return shlex.quote(word)

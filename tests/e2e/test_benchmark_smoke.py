@@ -8,6 +8,7 @@ per container plus one for the node facts. Ansible is not run here.
 
 from __future__ import annotations
 
+import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.fleet_probe import Bed, compare, run_fleetfix, start_fleet
+from benchmarks.instructions import VALGRIND, measure_instructions, render
 from benchmarks.latency_proxy import require_loopback
 from benchmarks.measure import SshCounts
+from tests.conftest import in_ci
 
 NODES, CTS = 3, 3
 
@@ -88,3 +91,19 @@ def test_scale_mode_audits_cheap_containers_through_the_real_command(tmp_path: P
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT COUNT(*) FROM target_results").fetchone()[0] == 24
         assert conn.execute("SELECT COUNT(*) FROM runs WHERE status = 'complete'").fetchone()[0] == 2
+
+
+def test_instruction_counts_split_the_command_into_start_up_imports_and_work(bed: Bed) -> None:
+    """benchmarks/instructions.py under valgrind on this bed: each part counted, the parts in the order
+    they contain one another, both whole runs probing every target (checked inside). Skips without
+    valgrind, except under CI=true (.ci/run installs it). How many instructions is not asserted."""
+    if shutil.which(VALGRIND) is None:
+        if in_ci():
+            pytest.fail("CI=true and valgrind is not installed", pytrace=False)
+        pytest.skip("valgrind is not installed (apt-get install valgrind)")
+    counts = measure_instructions(bed, bed.subset(2, 2))
+    assert counts.targets == 4
+    assert 0 < counts.startup < counts.imports_others < counts.imports_all
+    assert counts.imports_fleetfix > 0 and counts.after_imports > 0  # the run does more than import
+    assert len(counts.probe) == len(counts.reference) == 1 and counts.reference[0] > counts.startup
+    assert "fleetfix probe / paramiko reference" in render(counts, nodes=2, cts=2, rtt_ms=bed.rtt_ms)

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from fleetfix.probe.facts import Facts, NodeFacts, Nvcc, PythonEnv, version_tuple
+from fleetfix.probe.facts import Facts, NodeFacts, Nvcc, PythonEnv, empty, version_tuple
 
 CUDA_TOOLKIT_PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 CUDA_TOOLKIT_PIP_PLAYBOOK = "playbooks/cuda-toolkit-pip.yaml"
@@ -32,7 +32,7 @@ class Fix(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     playbook: str | None = None
-    vars: dict[str, Any] = Field(default_factory=dict)
+    vars: dict[str, Any] = Field(default_factory=empty(dict))
     hint: str
 
     def text(self) -> str:
@@ -58,7 +58,7 @@ class Finding(BaseModel):
     code: str
     severity: Severity
     summary: str
-    evidence: dict[str, Any] = Field(default_factory=dict)
+    evidence: dict[str, Any] = Field(default_factory=empty(dict))
     fix: Fix
 
 

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import json
+from types import FunctionType
 from typing import Any
 
 import pytest
 from probe_testkit import FIXTURES, edited, facts_of, load_fixture
+from pydantic import BaseModel
 
 from fleetfix.errors import ProbeOutputError
 from fleetfix.probe import parse_facts
-from fleetfix.probe.facts import MAX_PROBE_OUTPUT_BYTES, AptSource, nvidia_arch, nvidia_distro
+from fleetfix.probe.facts import (
+    MAX_PROBE_OUTPUT_BYTES,
+    AptSource,
+    Facts,
+    OsFacts,
+    empty,
+    nvidia_arch,
+    nvidia_distro,
+)
 
 ALL_FIXTURES = sorted(p.stem for p in FIXTURES.glob("*.json"))
 
@@ -182,3 +192,29 @@ def test_refuses_wrong_shape_naming_the_field() -> None:
     assert "wrong shape" in message
     assert "pythons.0.found" in message           # the first bad field, by name
     assert "(and 1 more)" in message              # build.cpus is counted, not listed
+
+
+def _probe_models() -> list[type[BaseModel]]:
+    from fleetfix.probe import facts
+    from fleetfix.probe.rules import base
+
+    return [value for module in (facts, base) for value in vars(module).values()
+            if isinstance(value, type) and issubclass(value, BaseModel)
+            and value.__module__ == module.__name__]
+
+
+def test_the_probe_models_default_factories_are_plain_functions() -> None:
+    """`empty(list)`, not `list` or a model class: pydantic parses a builtin's signature from text and builds
+    a model class's as it builds the model, a start-up cost every command paid (facts.empty, issue 21)."""
+    factories = [(model.__name__, name, field.default_factory) for model in _probe_models()
+                 for name, field in model.model_fields.items() if field.default_factory is not None]
+    assert len(factories) >= 20  # the facts' lists, dicts and sections
+    assert [(model, name) for model, name, factory in factories
+            if not isinstance(factory, FunctionType)] == []
+
+
+def test_an_empty_factory_makes_a_new_value_each_time() -> None:
+    assert empty(list)() == [] and empty(list)() is not empty(list)()
+    first, second = Facts.model_validate({"fleetfix_probe": 1}), Facts.model_validate({"fleetfix_probe": 1})
+    assert first.pythons == [] and first.pythons is not second.pythons
+    assert first.os == OsFacts() and first.os is not second.os
