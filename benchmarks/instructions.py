@@ -143,7 +143,8 @@ def split_modules(loaded: Iterable[str]) -> tuple[list[str], list[str]]:
     names = [name for name in loaded if name not in ("__main__", "__mp_main__")
              and name != "fleetfix.__main__"]
     own = [name for name in names if name == "fleetfix" or name.startswith("fleetfix.")]
-    others = [name for name in names if name not in set(own)]
+    mine = set(own)
+    others = [name for name in names if name not in mine]
     return others, others + own
 
 
@@ -182,15 +183,14 @@ def measure_instructions(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = 
     if recorded.returncode not in PROBED:
         raise RuntimeError(f"fleetfix probe exited {recorded.returncode}: {recorded.stderr[-2000:]}")
     others, every = split_modules(json.loads(record.read_text()))
-    lists = {}
-    for name, modules in (("others", others), ("all", every)):
-        lists[name] = rundir / f"imports-{name}.json"
-        lists[name].write_text(json.dumps(modules))
+    others_file, every_file = rundir / "imports-others.json", rundir / "imports-all.json"
+    others_file.write_text(json.dumps(others))
+    every_file.write_text(json.dumps(every))
 
     startup, _ = count_instructions([python, "-c", "pass"], cwd=rundir)
     importer = [python, "-c", IMPORTER]
-    imports_others, _ = count_instructions([*importer, str(lists["others"]), str(lists["all"])], cwd=rundir)
-    imports_all, _ = count_instructions([*importer, str(lists["all"]), str(lists["all"])], cwd=rundir)
+    imports_others, _ = count_instructions([*importer, str(others_file), str(every_file)], cwd=rundir)
+    imports_all, _ = count_instructions([*importer, str(every_file), str(every_file)], cwd=rundir)
     probe: list[int] = []
     reference: list[int] = []
     for _ in range(repeat):  # interleaved, as benchmarks.fleet_probe runs them
