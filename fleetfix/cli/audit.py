@@ -168,10 +168,17 @@ def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice)
     report.emit(compute_drift(old, new))
 
 
+def _at_least_one_day(_ctx: click.Context, _param: click.Parameter, days: float) -> float:
+    # Said in the user's own number: click.FloatRange would print 0 as "0.0 is not in the range x>=1".
+    if not days >= 1:  # also NaN
+        raise click.BadParameter(f"{days:g} is less than one day")
+    return days
+
+
 @audit_group.command("prune")
 @_DB
-@click.option("--keep-days", type=click.FloatRange(min=1), required=True, metavar="DAYS",
-              help="Keep the results of the runs of the last DAYS days.")
+@click.option("--keep-days", type=float, callback=_at_least_one_day, required=True, metavar="DAYS",
+              help="Keep the results of the runs of the last DAYS days (at least 1).")
 @click.option("--vacuum", is_flag=True, help="Then give the freed space back to the file system (rewrites "
                                               "the database; without it, SQLite reuses the space).")
 @handle_errors

@@ -216,6 +216,19 @@ def test_audit_prune_command(tmp_path: Path) -> None:
     assert missing.exit_code == 2 and not (tmp_path / "typo.db").exists()
 
 
+@pytest.mark.parametrize(("days", "said"), [("0", "0 is less than one day"),
+                                            ("0.5", "0.5 is less than one day"),
+                                            ("nan", "nan is less than one day")])
+def test_audit_prune_refuses_less_than_a_day_in_the_users_number(tmp_path: Path, days: str,
+                                                                  said: str) -> None:
+    db = tmp_path / "audit.db"
+    with AuditStore(db) as store:
+        _history(store)
+    result = CliRunner().invoke(main, ["audit", "prune", "--db", str(db), "--keep-days", days])
+    assert result.exit_code == 2 and f"Invalid value for '--keep-days': {said}" in result.output
+    assert "0.0" not in result.output and "Traceback" not in result.output
+
+
 # ---------------------------------------------------------------- migration
 
 
