@@ -7,7 +7,9 @@ script is sent once (docs/performance.md, issue 21).
 
 The protocol. The controller runs the driver (`pctbatch.pl`) on the node with: the backstop in seconds,
 the most bytes of one container's stdout (and, apart, stderr) to keep, the bytes every container gets on
-stdin, a script for the node itself (empty: none), then the command for `pct exec CTID -- ...`. It writes
+stdin (each through a pipe of its own: nothing one container can reopen and write reaches another's
+command; docs/security.md, cross-guest paths), a script for the node itself (empty: none), then the command
+for `pct exec CTID -- ...`. It writes
 container ids to the driver's stdin, one per line, as it starts each target, so the node starts exactly
 what the controller started: Fleet's `channels_per_node` and an interrupt (start nothing more) mean what
 they mean with a channel per container.
@@ -137,7 +139,7 @@ class _FrameReader:
 
 
 class PctBatch:
-    """One node's containers running one command (with the same stdin) over one channel.
+    """One node's containers running one command (with the same stdin, each its own copy) over one channel.
 
     `submit(ctid, notify)` starts the batch on first use and feeds the id; once notified (or past the
     deadline), `result(submitted)` is the container's result as `PctTransport.execute` would return it

@@ -65,8 +65,9 @@ exit 4
 
 
 def batch(expected: int, *, timeout: float = 60, max_output: int = 1 << 20, stdin: str = SCRIPT,
-          node: LocalTransport | None = None, node_script: str = "") -> PctBatch:
-    return PctBatch(node or LocalTransport("pve1"), "pve1", ["/bin/sh", "-s"], stdin=stdin, timeout=timeout,
+          node: LocalTransport | None = None, node_script: str = "",
+          argv: Sequence[str] = ("/bin/sh", "-s")) -> PctBatch:
+    return PctBatch(node or LocalTransport("pve1"), "pve1", argv, stdin=stdin, timeout=timeout,
                     max_output=max_output, expected=expected, node_script=node_script)
 
 
@@ -211,6 +212,84 @@ def test_a_node_without_pct_says_so_as_one_channel_would(node: Path) -> None:
     results = run_all(batch(2, node=no_pct), [200, 201])
     for error in results.values():
         assert isinstance(error, GuestError) and "pct was not found on pve1" in str(error)
+
+
+# Each container's stdin is a pipe of its own, fed by the driver: what one container does to its stdin
+# cannot reach another's, and one that reads slowly, never or not at all holds up nobody else.
+# (In a container directory: `attack` reopens its stdin for writing; `noread` never reads it and ends
+# when the file `go` appears beside it; `quit` exits at once; the rest count and hash what they read.)
+FEEDING = """if [ -f attack ]; then echo "echo payload" >/proc/self/fd/0; echo attacked
+elif [ -f noread ]; then while [ ! -f go ]; do sleep 0.05; done; echo never read
+elif [ -f quit ]; then echo quit
+else wc -c; fi
+"""
+# Over a pipe's buffer (64 KiB on Linux, pipe(7)), so the driver feeds it in parts; under the 128 KiB that
+# one argument of the node's command line may be (MAX_ARG_STRLEN, execve(2)).
+BIG_INPUT = "".join(f"line {number:07d} of the input\n" for number in range(3800))
+
+
+def mark(node: Path, ctid: int, name: str) -> None:
+    (node / f"ct{ctid}").mkdir(exist_ok=True)
+    (node / f"ct{ctid}" / name).touch()
+
+
+def test_a_container_that_rewrites_its_stdin_changes_no_other_containers_input(node: Path) -> None:
+    mark(node, 200, "attack")
+    sent = "the input as it was sent\n" * 10  # room to spare in the pipe: the attacker's write never waits
+    pct_batch = batch(2, argv=("/bin/sh", "-c", FEEDING), stdin=sent)
+    attacker = run(pct_batch, 200)  # done before the other is even started
+    assert isinstance(attacker, CommandResult) and attacker.stdout == "attacked\n", attacker
+    victim = run(pct_batch, 201)
+    assert isinstance(victim, CommandResult) and victim.exit_code == 0, victim
+    assert victim.stdout == f"{len(sent)}\n"  # the input as it was sent, and all of it
+
+
+def test_an_input_bigger_than_a_pipe_reaches_every_container_whole(node: Path) -> None:
+    assert len(BIG_INPUT.encode()) > 65536
+    ctids = list(range(200, 206))
+    results = run_all(batch(len(ctids), argv=("/bin/sh", "-c", "sleep 0.3; cat"), stdin=BIG_INPUT), ctids)
+    for ctid in ctids:
+        result = results[ctid]
+        assert isinstance(result, CommandResult) and result.exit_code == 0, result
+        assert result.stdout == BIG_INPUT  # in order, nothing lost or repeated where a write was partial
+
+
+def test_a_container_that_never_reads_its_stdin_holds_up_no_other(node: Path) -> None:
+    mark(node, 200, "noread")
+    pct_batch = batch(3, argv=("/bin/sh", "-c", FEEDING), stdin=BIG_INPUT)
+    blocked = pct_batch.submit(200)
+    assert blocked is not None
+    results = run_all(pct_batch, [201, 202])  # while 200's pipe is full and stays full
+    for ctid in (201, 202):
+        result = results[ctid]
+        assert isinstance(result, CommandResult) and result.stdout == f"{len(BIG_INPUT)}\n", result
+    assert not blocked.done.is_set()
+    mark(node, 200, "go")
+    assert blocked.done.wait(20)
+    result = pct_batch.result(blocked)
+    assert isinstance(result, CommandResult) and (result.exit_code, result.stdout) == (0, "never read\n")
+
+
+def test_a_container_that_exits_at_once_is_framed_and_the_batch_goes_on(node: Path) -> None:
+    # Its pipe's reader is gone before the input is: the driver's write fails (EPIPE, SIGPIPE ignored),
+    # and it stops feeding that pipe only.
+    for ctid in (200, 202):
+        mark(node, ctid, "quit")
+    results = run_all(batch(4, argv=("/bin/sh", "-c", FEEDING), stdin=BIG_INPUT), [200, 201, 202, 203])
+    for ctid, said in ((200, "quit\n"), (201, f"{len(BIG_INPUT)}\n"), (202, "quit\n"),
+                       (203, f"{len(BIG_INPUT)}\n")):
+        result = results[ctid]
+        assert isinstance(result, CommandResult) and (result.exit_code, result.stdout) == (0, said), result
+
+
+def test_the_input_is_the_containers_own_pipe_and_it_holds_no_other_descriptor(node: Path) -> None:
+    # Three at once, so the others' pipes are open in the driver while each starts: none of them may
+    # cross into a container (ls's own descriptor for /proc/self/fd is the 3).
+    script = "sleep 0.5; stat -L -c %F /proc/self/fd/0; ls /proc/self/fd\n"
+    results = run_all(batch(3, argv=("/bin/sh", "-c", script)), [200, 201, 202])
+    for result in results.values():
+        assert isinstance(result, CommandResult) and result.exit_code == 0, result
+        assert result.stdout == "fifo\n0\n1\n2\n3\n", result.stdout
 
 
 def frames_of(data: bytes, cut: Callable[[bytes], list[bytes]]) -> tuple[list[_Frame], bool]:
