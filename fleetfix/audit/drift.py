@@ -17,7 +17,7 @@ explains is the policy's, listed apart in `policy_change` and not counted agains
   the target's facts show that interpreter's extensions present as before and its torch CUDA the same.
 The documents are read without the targets' groups and tags (a result does not keep them): "overrides"
 and "requires" mean anywhere in the document, and a change they cannot show is left to the targets.
-A run recorded before runs carried their policy's digest is "unknown": said, and nothing attributed.
+A run recorded before runs carried their policy's digest is "unknown": said so, nothing attributed.
 """
 
 from __future__ import annotations

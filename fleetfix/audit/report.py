@@ -80,10 +80,10 @@ def policy_change_lines(drift: Drift) -> list[str]:
     if change is None:
         return []
     before = ", ".join(ref.label for ref in change.before)
+    if not change.known:  # whether it changed is not known: said, and nothing attributed to it
+        return [f"policy since run {drift.baseline} unknown: {before} -> {change.after.label}; a run's "
+                "policy was not recorded (an older fleetfix), so no change is attributed to it"]
     head = f"policy changed since run {drift.baseline}: {before} -> {change.after.label}"
-    if not change.known:
-        return [head + "; a run's policy was not recorded (an older fleetfix), so no change is "
-                       "attributed to it"]
     if not change.changes:
         return [head + "; no finding changed by it alone"]
     return [head + f"; {change.changes} finding change(s) by the policy alone, not the targets:",

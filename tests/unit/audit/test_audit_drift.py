@@ -8,10 +8,11 @@ from typing import Any
 
 from audit_testkit import FakeWorld, edited, finding, interrupt_dpkg, make_target
 
-from fleetfix.audit import DEFAULT_POLICY, AuditStore, RunInfo, StoredRun, TargetResult, run_audit
+from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, RunInfo, StoredRun, TargetResult, run_audit
+from fleetfix.audit.dashboard import drift_view
 from fleetfix.audit.drift import compute_drift
 from fleetfix.audit.policy import Match, Policy, Rule, load_policy, policy_args, policy_digest
-from fleetfix.audit.report import drift_lines, text_report
+from fleetfix.audit.report import drift_lines, html_report, text_report
 
 
 def stored(run_id: int, *results: TargetResult) -> StoredRun:
@@ -213,8 +214,14 @@ def test_a_run_recorded_without_its_policy_is_unknown_and_nothing_is_attributed(
     assert [c.finding.code for c in drift.new_findings] == ["GPU_NOT_VISIBLE"]  # stays the target's
     assert drift.policy_change is not None and not drift.policy_change.known
     assert drift.policy_change.before[0].label == "policy.yaml (digest not recorded)"
-    assert drift_lines(drift)[-1].endswith(
-        "a run's policy was not recorded (an older fleetfix), so no change is attributed to it")
+    assert drift_lines(drift)[-1] == (
+        "policy since run 1 unknown: policy.yaml (digest not recorded) -> built-in default (sha256 "
+        f"{policy_digest(DEFAULT_POLICY)[:12]}…); a run's policy was not recorded (an older fleetfix), so no "
+        "change is attributed to it")
+    view = drift_view(AuditRun(_with_policy(new, policy_args(DEFAULT_POLICY)), drift)).policy
+    assert view is not None and not view.known and view.items == ()
+    assert "policy unknown:</strong>" in html_report(AuditRun(_with_policy(new, policy_args(DEFAULT_POLICY)),
+                                                              drift))
     # Two such runs: nothing known, nothing said; the report is as it always was.
     assert compute_drift(old, new).policy_change is None
     assert "policy" not in "\n".join(drift_lines(compute_drift(old, new)))
