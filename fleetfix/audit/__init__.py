@@ -26,6 +26,7 @@ from fleetfix.audit.policy import (
     Policy,
     evaluate,
     load_policy,
+    policy_args,
     with_required_extensions,
     with_staleness,
 )
@@ -125,11 +126,12 @@ def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None,
     run = store.load(run_id, facts=facts)
     history = History(trend=tuple(store.trend(run_id, limit=trend_runs)), since=store.since(run_id))
     base_id = baseline if baseline is not None else run.info.parent
+    facts_of = store.facts_of
     if base_id is not None:
-        return AuditRun(run, compute_drift(store.load(base_id, facts=False), run), history)
+        return AuditRun(run, compute_drift(store.load(base_id, facts=False), run, facts_of=facts_of), history)
     newest = store.previous_complete(run_id)
     previous = None if newest is None else per_target_baseline(store, run, newest)
-    return AuditRun(run, compute_drift(previous, run), history)
+    return AuditRun(run, compute_drift(previous, run, facts_of=facts_of), history)
 
 
 def run_scope(args: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -156,7 +158,10 @@ def per_target_baseline(store: AuditStore, run: StoredRun, newest: int) -> Store
     if run_scope(newest_run.info.args) == run_scope(run.info.args):
         for result in newest_run.targets:
             results.setdefault(result.target, result)
-    return StoredRun(newest_run.info, tuple(results.values()))
+    # Each older run's info once: its args hold the policy that judged the results taken from it.
+    infos = {run_id: store.info(run_id) for run_id in set(elsewhere.values())}
+    origins = {name: infos[run_id] for name, run_id in elsewhere.items()}
+    return StoredRun(newest_run.info, tuple(results.values()), origins)
 
 
 def _probe_into(
@@ -188,7 +193,7 @@ def run_audit(
     complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept.
     Returns the run as stored (load_audit; facts=False: without the targets' facts, for reports that do
     not show them; a projection: with what it keeps of them)."""
-    run_id = store.start_run({**(args or {}), "policy": policy.source, "deep": deep})
+    run_id = store.start_run({**(args or {}), **policy_args(policy), "deep": deep})
     _probe_into(run_id, fleet, targets, policy=policy, store=store, deep=deep, on_progress=on_progress)
     if not fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline
         store.finish_run(run_id, finished=time.time())

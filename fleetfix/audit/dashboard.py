@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetfix.audit import AuditRun
-from fleetfix.audit.drift import IDENTITY_KEYS
+from fleetfix.audit.drift import IDENTITY_KEYS, FindingChange, PolicyChange
 from fleetfix.audit.model import HEALTH_ORDER, TargetResult, TrendPoint
 from fleetfix.probe import Finding, Fix
 from fleetfix.probe.rules.tables import MIN_DRIVER_BY_MAJOR
@@ -536,6 +536,20 @@ class OpenProblem:
 
 
 @dataclass(frozen=True)
+class PolicyView:
+    """The policy changed since the baseline: from what to what, and the finding changes it alone explains
+    (not counted as new or resolved on the targets)."""
+
+    before: str  # labels: `policy.example.yaml (sha256 0123456789ab…)`
+    after: str
+    known: bool  # False: a run's policy was not recorded, nothing is attributed to it
+    items: tuple[DriftItem, ...]
+
+    def count(self, kind: str) -> int:
+        return sum(len(item.targets) for item in self.items if item.kind == kind)
+
+
+@dataclass(frozen=True)
 class DriftView:
     baseline: int | None
     items: tuple[DriftItem, ...]
@@ -544,6 +558,7 @@ class DriftView:
     appeared: tuple[str, ...]
     vanished: tuple[str, ...]
     still_open: tuple[OpenProblem, ...]
+    policy: PolicyView | None = None
 
     @property
     def empty(self) -> bool:
@@ -553,23 +568,31 @@ class DriftView:
         return sum(len(item.targets) for item in self.items if item.kind == kind)
 
 
+def _changes(new: list[FindingChange], severity: list[FindingChange], resolved: list[FindingChange]
+             ) -> list[tuple[str, FindingChange]]:
+    return ([("new", c) for c in new] + [("severity", c) for c in severity]
+            + [("resolved", c) for c in resolved])
+
+
+def _policy_view(change: PolicyChange | None, since: dict[tuple[str, str], float]) -> PolicyView | None:
+    if change is None:
+        return None
+    changes = _changes(change.new_findings, change.severity_changed, change.resolved_findings)
+    return PolicyView(", ".join(ref.label for ref in change.before), change.after.label, change.known,
+                      _drift_items(changes, since))
+
+
 def drift_view(run: AuditRun) -> DriftView:
     drift, since = run.drift, run.history.since
-    grouped: dict[tuple[str, str, str, str | None], dict[str, Any]] = {}
-    changes = ([("new", c) for c in drift.new_findings] + [("severity", c) for c in drift.severity_changed]
-               + [("resolved", c) for c in drift.resolved_findings])
-    for kind, change in changes:
-        key = (kind, change.finding.code, change.finding.severity.value, change.previous_severity)
-        entry = grouped.setdefault(key, {"summary": change.finding.summary, "targets": {}})
-        entry["targets"][change.target] = None if kind == "resolved" else since.get((change.target,
-                                                                                        change.finding.code))
-    order = {"new": 0, "severity": 1, "resolved": 2}
-    items = sorted(
-        (DriftItem(kind, code, severity, previous, entry["summary"],
-                   tuple(sorted(entry["targets"].items(), key=lambda item: natural_key(item[0]))))
-         for (kind, code, severity, previous), entry in grouped.items()),
-        key=lambda i: (order[i.kind], SEVERITY_RANK[i.severity], -len(i.targets), i.code))
+    changes = _changes(drift.new_findings, drift.severity_changed, drift.resolved_findings)
+    items = _drift_items(changes, since)
+    policy = _policy_view(drift.policy_change, since)
+    # A finding the policy changed is no more "still open" than one the target changed.
     changed = {(c.target, c.finding.code) for _, c in changes}
+    if drift.policy_change is not None:
+        changed |= {(c.target, c.finding.code) for _, c in _changes(
+            drift.policy_change.new_findings, drift.policy_change.severity_changed,
+            drift.policy_change.resolved_findings)}
     still: dict[tuple[str, str], list[float | None]] = defaultdict(list)
     if drift.baseline is not None:
         for result in run.targets:
@@ -581,8 +604,26 @@ def drift_view(run: AuditRun) -> DriftView:
                      max((v for v in values if v is not None), default=None))
          for (code, severity), values in still.items()),
         key=lambda p: (SEVERITY_RANK[p.severity], -p.targets, p.code)))
-    return DriftView(drift.baseline, tuple(items), tuple(drift.became_unreachable), tuple(drift.recovered),
-                     tuple(drift.appeared), tuple(drift.vanished), still_open)
+    return DriftView(drift.baseline, items, tuple(drift.became_unreachable), tuple(drift.recovered),
+                     tuple(drift.appeared), tuple(drift.vanished), still_open, policy)
+
+
+def _drift_items(changes: list[tuple[str, FindingChange]], since: dict[tuple[str, str], float]
+                 ) -> tuple[DriftItem, ...]:
+    """Finding changes grouped by kind, code and severity, each with its targets and since when."""
+    grouped: dict[tuple[str, str, str, str | None], dict[str, Any]] = {}
+    for kind, change in changes:
+        key = (kind, change.finding.code, change.finding.severity.value, change.previous_severity)
+        entry = grouped.setdefault(key, {"summary": change.finding.summary, "targets": {}})
+        entry["targets"][change.target] = None if kind == "resolved" else since.get((change.target,
+                                                                                        change.finding.code))
+    order = {"new": 0, "severity": 1, "resolved": 2}
+    items = sorted(
+        (DriftItem(kind, code, severity, previous, entry["summary"],
+                   tuple(sorted(entry["targets"].items(), key=lambda item: natural_key(item[0]))))
+         for (kind, code, severity, previous), entry in grouped.items()),
+        key=lambda i: (order[i.kind], SEVERITY_RANK[i.severity], -len(i.targets), i.code))
+    return tuple(items)
 
 
 # ---------------------------------------------------------------- the page

@@ -100,6 +100,13 @@ class RunInfo:
 class StoredRun:
     info: RunInfo
     targets: tuple[TargetResult, ...]
+    # For a drift baseline put together per target (load_audit): the run a result came from, where that
+    # is not `info`'s run. Its args say which policy judged that result.
+    origins: dict[str, RunInfo] = field(default_factory=dict)
+
+    def origin(self, target: str) -> RunInfo:
+        """The run the target's result was recorded in."""
+        return self.origins.get(target, self.info)
 
     def target(self, name: str) -> TargetResult | None:
         return next((result for result in self.targets if result.target == name), None)

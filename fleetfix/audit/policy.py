@@ -21,10 +21,12 @@ fragile, info = nothing to do), and no extension is required beyond the inventor
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import time
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -133,6 +135,26 @@ def load_policy(path: str | Path | None) -> Policy:
         raise where.error(("source",), "unknown field")
     policy = validate(Policy, data, where)
     return policy.model_copy(update={"source": str(path)})
+
+
+def policy_document(policy: Policy) -> dict[str, Any]:
+    """What the policy says, as JSON (its source left out): recorded with each run, so drift can tell a
+    change of policy from a change on the targets."""
+    document: dict[str, Any] = policy.model_dump(mode="json")
+    return document
+
+
+def policy_digest(policy: Policy) -> str:
+    """sha256 of the policy's canonical JSON (sorted keys, no spaces): equal for two files that say the
+    same thing, whatever their name, comments or key order."""
+    canonical = json.dumps(policy_document(policy), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def policy_args(policy: Policy) -> dict[str, Any]:
+    """The run args that record the policy a run was judged by (docs/audit.md, "Drift")."""
+    return {"policy": policy.source, "policy_sha256": policy_digest(policy),
+            "policy_document": policy_document(policy)}
 
 
 def with_required_extensions(policy: Policy, target: Target) -> Target:

@@ -22,7 +22,7 @@ from markupsafe import Markup
 from fleetfix.audit import AuditRun
 from fleetfix.audit.dashboard import build_dashboard
 from fleetfix.audit.dashboard import when as short_when
-from fleetfix.audit.drift import Drift
+from fleetfix.audit.drift import Drift, FindingChange
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
 from fleetfix.paths import private_dir
@@ -51,18 +51,43 @@ def drift_lines(drift: Drift) -> list[str]:
     if drift.baseline is None:
         return ["drift: no earlier complete run to compare with"]
     if drift.empty:
+        if drift.policy_change is not None:
+            return [f"drift since run {drift.baseline}: none on the targets", *policy_change_lines(drift)]
         return [f"drift since run {drift.baseline}: none"]
     lines = [f"drift since run {drift.baseline}:"]
-    lines += [f"  + NEW       {c.target}: {c.finding.severity.value.upper()} {c.finding.code}: "
-              f"{c.finding.summary}" for c in drift.new_findings]
-    lines += [f"  - RESOLVED  {c.target}: {c.finding.code}" for c in drift.resolved_findings]
-    lines += [f"  ~ SEVERITY  {c.target}: {c.finding.code} {c.previous_severity} -> "
-              f"{c.finding.severity.value}" for c in drift.severity_changed]
+    lines += _finding_change_lines(drift.new_findings, drift.resolved_findings, drift.severity_changed)
     lines += [f"  ! UNREACHABLE {name}" for name in drift.became_unreachable]
     lines += [f"  * RECOVERED {name}" for name in drift.recovered]
     lines += [f"  > APPEARED  {name}" for name in drift.appeared]
     lines += [f"  < VANISHED  {name}" for name in drift.vanished]
+    return lines + policy_change_lines(drift)
+
+
+def _finding_change_lines(new: list[FindingChange], resolved: list[FindingChange],
+                          severity: list[FindingChange]) -> list[str]:
+    lines = [f"  + NEW       {c.target}: {c.finding.severity.value.upper()} {c.finding.code}: "
+             f"{c.finding.summary}" for c in new]
+    lines += [f"  - RESOLVED  {c.target}: {c.finding.code}" for c in resolved]
+    lines += [f"  ~ SEVERITY  {c.target}: {c.finding.code} {c.previous_severity} -> "
+              f"{c.finding.severity.value}" for c in severity]
     return lines
+
+
+def policy_change_lines(drift: Drift) -> list[str]:
+    """The policy change since the baseline, and the finding changes it alone explains (none: nothing
+    more is said, and the output is what it was before runs recorded their policy)."""
+    change = drift.policy_change
+    if change is None:
+        return []
+    before = ", ".join(ref.label for ref in change.before)
+    if not change.known:  # whether it changed is not known: said, and nothing attributed to it
+        return [f"policy since run {drift.baseline} unknown: {before} -> {change.after.label}; a run's "
+                "policy was not recorded (an older fleetfix), so no change is attributed to it"]
+    head = f"policy changed since run {drift.baseline}: {before} -> {change.after.label}"
+    if not change.changes:
+        return [head + "; no finding changed by it alone"]
+    return [head + f"; {change.changes} finding change(s) by the policy alone, not the targets:",
+            *_finding_change_lines(change.new_findings, change.resolved_findings, change.severity_changed)]
 
 
 def remediation_lines(run: AuditRun) -> list[str]:

@@ -350,6 +350,12 @@ class AuditStore:
                     (name, run_id)).fetchall()
             return self._results(rows, facts=facts)
 
+    def facts_of(self, run_id: int, target: str) -> dict[str, Any] | None:
+        """One target's facts in one run (None: not recorded): what drift reads, for the few findings a
+        policy change may explain, instead of loading every target's facts."""
+        found = self.results_at({target: run_id}, facts=True)
+        return found[0].facts if found else None
+
     def _results(self, rows: Sequence[Sequence[Any]], *, facts: FactsNeed) -> list[TargetResult]:
         """Rows of _RESULT_COLUMNS as results. Each blob is decoded once per call: a findings list is
         shared by every target showing the same findings (Finding is immutable), a facts base by every

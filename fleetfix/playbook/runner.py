@@ -19,6 +19,7 @@ before the first real change; a failed target is rolled back after its last step
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -243,10 +244,44 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+# The line that says what went wrong, in the order they are looked for (the first kind found wins):
+# a compiler's diagnostic (gcc/nvcc `file:line: error: ...`, the first: later ones tend to follow from it);
+# the last exception of a Python traceback (what was raised, after the frames); dpkg's own error (it names
+# the package; apt-get prints it on stdout, and on stderr only `E: Sub-process /usr/bin/dpkg returned an
+# error code (1)`); apt's `E:` (apt-get, apt 2.6 and 3.0) or `Error:` (the `apt` command of apt 3.0), the
+# first; pip's `ERROR:` or `error:`, the first. tests/fixtures/failures/ holds what the real tools printed.
+_COMPILER_ERROR = re.compile(r"^\S.*?(?::\d+(?::\d+)?:|\(\d+\):)\s+(?:fatal\s+)?error\b|^\S+: fatal error\b")
+_EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt)(?::\s.*)?$")
+_TOOL_ERRORS = (
+    re.compile(r"^dpkg(?:-deb)?: error\b.*"),
+    re.compile(r"^(?:E|Error): .*"),
+    re.compile(r"^(?:ERROR|error): .*"),
+)
+
+
+def informative_line(*texts: str) -> str:
+    """The line of a failed command's output that says what failed (stderr first, then stdout): see
+    _COMPILER_ERROR, _EXCEPTION and _TOOL_ERRORS; else the last non-empty line. pip's PEP 668 refusal,
+    for one, ends in `hint: See PEP 668 for the detailed specification.`, its error is the first line."""
+    lines = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if _COMPILER_ERROR.match(line):
+            return line
+    if any(line.startswith("Traceback (most recent call last):") for line in lines):
+        exceptions = [line for line in lines if _EXCEPTION.match(line)]
+        if exceptions:
+            return exceptions[-1]
+    for pattern in _TOOL_ERRORS:
+        for line in lines:
+            if pattern.match(line):
+                return line
+    return next((last for text in texts if (last := _last_line(text))), "")
+
+
 def _why(run: ScriptRun) -> str:
     if run.timed_out:
         return "timed out"
-    tail = _last_line(run.stderr) or _last_line(run.stdout)
+    tail = informative_line(run.stderr, run.stdout)
     return f"exit {run.rc}" + (f": {tail}" if tail else "")
 
 

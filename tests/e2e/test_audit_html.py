@@ -138,3 +138,23 @@ def test_dashboard_renders_everything_without_javascript(
     assert "fleetfix apply playbooks/cuda-toolkit.yaml" in dom.text("fixes")
     assert all("hidden" in b for b in dom.find("button", "fixes"))
     assert "nojs-hide" in dom.find("form", "fleet")[0]["class"]
+
+
+def test_the_dashboard_says_the_policy_changed_and_what_it_alone_changed(
+    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
+) -> None:
+    """policy.example.yaml one night, the built-in policy the next, nothing changed on the container: the
+    page says the policy changed and lists its findings apart from the target's (none)."""
+    browser = chromium()
+    broken = make_ct(setup=problem_case)
+    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(broken.ctid, {})])
+    html, db = tmp_path / "report.html", tmp_path / "a.db"
+    audit = ["audit", "-i", str(inventory), "--db", str(db)]
+    assert run_cli(*audit, "--policy", "policy.example.yaml").exit_code == 3
+    assert run_cli(*audit, "--html", str(html)).exit_code == 3
+    drift = Dom(dump_dom(browser, html.resolve().as_uri())).text("drift")
+    assert "No change on the targets since run 1." in drift, drift
+    assert re.search(r"policy changed: policy\.example\.yaml \(sha256 [0-9a-f]{12}…\) → built-in default "
+                     r"\(sha256 [0-9a-f]{12}…\) ?\. By the policy alone, not counted above: 1 new, "
+                     r"0 resolved, 0 changed finding\(s\)\.", drift), drift
+    assert re.search(r"\+ new info GPU_NOT_VISIBLE .* 1 \S+/" + str(broken.ctid), drift), drift

@@ -10,12 +10,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.e2e.conftest import host_args, run_cli
 from tests.e2e.scenarios import healthy, problem_case
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
+from tests.lab.torch_stub import install_torch
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
@@ -111,3 +113,67 @@ def test_audit_remediate_fixes_the_problem_case_and_check_changes_nothing(
     again = run_cli(*audit)
     assert again.exit_code == 0
     assert "nothing applied" in again.stdout
+
+
+def _changes(drift: dict[str, list[dict[str, str]]]) -> set[tuple[str, str, str]]:
+    return {(kind, change["target"], change["code"])
+            for kind in ("new_findings", "resolved_findings", "severity_changed") for change in drift[kind]}
+
+
+def test_a_policy_change_is_reported_as_the_policys_not_the_targets(
+    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
+) -> None:
+    """The issue's reproduction: an audit with policy.example.yaml, then one with the built-in policy,
+    nothing changed on the targets in between. The drift was "new" GPU_NOT_VISIBLE (the example ignores
+    it) and a "resolved" EXTENSION_MISSING (the example requires causal_conv1d); it is the policy's."""
+    train = make_ct(setup=problem_case)  # fla without causal_conv1d: EXTENSION_MISSING whatever the policy
+    infer = make_ct(setup=lambda ct: install_torch(ct, "2.11.0+cu128", "12.8"))  # no extension at all
+    node = lab.node(None)
+    inventory = tmp_path / "inventory.yaml"
+    inventory.write_text(yaml.safe_dump({
+        "defaults": {"identity_file": str(lab.client_key), "known_hosts": str(lab.known_hosts)},
+        "nodes": [{"name": node.name, "address": node.address, "port": node.port, "containers": [
+            {"ctid": train.ctid, "name": "train", "tags": ["training"]},
+            {"ctid": infer.ctid, "name": "infer", "tags": ["inference"]}]}],
+    }))
+    db, html = tmp_path / "audit.db", tmp_path / "audit.html"
+    audit = ["audit", "-i", str(inventory), "--db", str(db)]
+
+    first = run_cli(*audit, "--policy", "policy.example.yaml", "--json")
+    assert first.exit_code == 3, first.stdout + first.stderr
+    second = run_cli(*audit, "--json", "--html", str(html))
+    assert second.exit_code == 3, second.stdout + second.stderr
+    drift = second.json()["drift"]
+
+    # Nothing changed on the targets: no finding is new, resolved or changed against them.
+    assert _changes(drift) == set(), drift
+    change = drift["policy_change"]
+    assert [ref["source"] for ref in change["from"]] == ["policy.example.yaml"]
+    assert change["to"]["source"] == "built-in default" and change["known"]
+    assert change["from"][0]["sha256"] == first.json()["run"]["args"]["policy_sha256"]
+    assert change["to"]["sha256"] != change["from"][0]["sha256"]
+    assert _changes(change) == {
+        ("new_findings", "train", "GPU_NOT_VISIBLE"), ("new_findings", "infer", "GPU_NOT_VISIBLE"),
+        ("resolved_findings", "infer", "EXTENSION_MISSING"),  # required by the example only
+        ("severity_changed", "train", "EXTENSION_MISSING"),  # error on `training` in the example
+    }
+
+    # The text report, `audit diff` and the dashboard say the same.
+    shown = run_cli("audit", "show", "last", "--db", str(db))
+    assert f"drift since run {first.json()['run']['id']}: none on the targets\n" in shown.stdout
+    assert re.search(r"^policy changed since run \d+: policy\.example\.yaml \(sha256 [0-9a-f]{12}…\) -> "
+                     r"built-in default \(sha256 [0-9a-f]{12}…\); 4 finding change\(s\) by the policy alone",
+                     shown.stdout, re.MULTILINE), shown.stdout
+    diff = run_cli("audit", "diff", "1", "2", "--db", str(db), "--json")
+    assert diff.exit_code == 0, diff.stderr
+    assert _changes(diff.json()) == set() and _changes(diff.json()["policy_change"]) == _changes(change)
+    assert "policy changed since run 1" in run_cli("audit", "diff", "1", "2", "--db", str(db)).stdout
+    page = html.read_text()
+    assert "No change on the targets since run 1." in page
+    assert re.search(r"policy changed:</strong> <span class=\"mono\">policy\.example\.yaml \(sha256 ", page)
+    assert "By the policy alone, not counted above: 2 new, 1 resolved, 1 changed finding(s)." in page
+
+    # The same policy again: nothing to say about it, the drift is as it always was.
+    third = run_cli(*audit, "--json")
+    assert third.json()["drift"]["policy_change"] is None and _changes(third.json()["drift"]) == set()
+    assert "policy changed" not in run_cli("audit", "show", "last", "--db", str(db)).stdout

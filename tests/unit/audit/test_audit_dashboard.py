@@ -225,6 +225,30 @@ def test_drift_is_grouped_by_change_and_code_with_since_from_the_history() -> No
     assert (still.code, still.targets, still.oldest) == ("NVIDIA_REPO_NOT_CONFIGURED", 1, 100.0)
 
 
+def test_findings_the_policy_changed_are_shown_apart_and_are_not_still_open() -> None:
+    from fleetfix.audit.policy import Policy, policy_args
+    from fleetfix.audit.report import html_report
+
+    gpu, repo = find("GPU_NOT_VISIBLE", "info"), find("NVIDIA_REPO_NOT_CONFIGURED")
+    strict = Policy(severity={"GPU_NOT_VISIBLE": "ignore"}, source="policy.example.yaml")
+    before = StoredRun(RunInfo(1, 900_000.0, 900_060.0, "complete", args=policy_args(strict)),
+                       (dataclasses.replace(ok("pve1/1", repo), ignored=("GPU_NOT_VISIBLE",)),))
+    run = StoredRun(RunInfo(2, 1_000_000.0, 1_000_060.0, "complete", args=policy_args(DEFAULT_POLICY)),
+                    (ok("pve1/1", repo, gpu),))
+    audit = AuditRun(run, compute_drift(before, run), History())
+    view = build_dashboard(audit).drift
+    assert view.empty and view.count("new") == 0  # nothing changed on the target
+    assert view.policy is not None and view.policy.known
+    assert view.policy.before.startswith("policy.example.yaml (sha256 ")
+    assert view.policy.after.startswith("built-in default (sha256 ")
+    assert [(i.kind, i.code) for i in view.policy.items] == [("new", "GPU_NOT_VISIBLE")]
+    assert [p.code for p in view.still_open] == ["NVIDIA_REPO_NOT_CONFIGURED"]
+    page = html_report(audit)
+    assert "No change on the targets since run 1." in page
+    assert f"policy changed:</strong> <span class=\"mono\">{view.policy.before}</span>" in page
+    assert "By the policy alone, not counted above: 1 new, 0 resolved, 0 changed finding(s)." in page
+
+
 def test_trend_chart_geometry() -> None:
     points = [TrendPoint(run, 86400.0 * run, "complete", None, counts)
               for run, counts in enumerate([{"error": 3, "healthy": 5}, {"error": 7, "warning": 6},
