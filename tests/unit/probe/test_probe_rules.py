@@ -676,12 +676,16 @@ def test_cxx20_needs_gcc_10_from_torch_2_13() -> None:
 
 
 def test_a_bare_pip_nvcc_wheel_is_no_toolkit_but_a_complete_one_is() -> None:
-    bare = {"path": "/opt/jax/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin/nvcc", "version": "12.8",
-            "release": "V12.8.93", "complete": False}
-    findings = diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [bare])))
-    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").evidence["torch_cuda"] == "12.8"
+    # The layout NVIDIA's 13.x wheels really have (nvidia/cu13/bin/nvcc; the cu12 ones carry no nvcc at
+    # all, tests/unit/groundtruth): the nvcc wheel alone, without the runtime headers and CCCL, is no toolkit.
+    cu130 = chain(set_in("pythons.0.torch.cuda", "13.0"), set_in("pythons.0.torch.version", "2.14.1+cu130"))
+    bare = {"path": "/opt/jax/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc", "version": "13.0",
+            "release": "V13.0.88", "complete": False}
+    findings = diagnose(edited("problem_case", chain(cu130, set_in("pythons.0.pip_nvcc", [bare]))))
+    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").evidence["torch_cuda"] == "13.0"
     complete = {**bare, "complete": True}
-    codes = [f.code for f in diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [complete])))]
+    codes = [f.code for f in diagnose(edited("problem_case", chain(cu130, set_in("pythons.0.pip_nvcc",
+                                                                                [complete]))))]
     assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes
 
 
