@@ -92,8 +92,9 @@ PIP_NVCC_FROM: tuple[int, int] = (13, 0)
 # torch's headers refuse anything below C++20 from torch 2.13 on: torch 2.14.1's include/ATen/ATen.h
 # line 5 `#error C++20 or later compatible compiler is required to use ATen.` (and
 # torch/csrc/api/include/torch/all.h line 5); Dao-AILab/flash-attention#2879 ("PyTorch 2.13+ requires
-# C++20"). gcc accepts -std=c++20 from gcc 10 on (gcc 8 and 9 only know -std=c++2a), and torch's
-# cpp_extension passes -std=c++20 (torch 2.14.1 cpp_extension.py, append_std17_if_no_std_present).
+# C++20"). gcc accepts -std=c++20 from gcc 10 on (gcc.gnu.org/projects/cxx-status.html: "use
+# -std=c++2a in GCC 9 and earlier"), and torch's cpp_extension passes -std=c++20 (torch 2.14.1
+# cpp_extension.py, append_std17_if_no_std_present). tests/unit/groundtruth reads both torch files.
 TORCH_CXX20_FROM: tuple[int, int] = (2, 13)
 GCC_CXX20_FROM = 10
 

@@ -9,6 +9,8 @@ What is checked, and the rule it grounds (fleetfix/probe/rules/tables.py):
 - which wheels ship bin/nvcc                  -> PIP_NVCC_FROM (the pip route is offered from 13.0 only)
 - `#if __GNUC__ > N` in crt/host_config.h      -> MAX_GCC_FOR_NVCC, every entry
 - the glibc guards in crt/math_functions.h     -> MIN_NVCC_FOR_GLIBC (2.41 from 13.0, 2.42 from 13.2)
+- torch 2.14.1's own headers and cpp_extension -> TORCH_CXX20_FROM, and its CUDA_GCC_VERSIONS against
+  MAX_GCC_FOR_NVCC (read from the test bed's real torch venv, else from the torch wheel)
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ import pytest
 
 from fleetfix.probe.rules.base import major_minor
 from fleetfix.probe.rules.route import pip_serves
-from fleetfix.probe.rules.tables import MAX_GCC_FOR_NVCC, MIN_NVCC_FOR_GLIBC, PIP_NVCC_FROM
+from fleetfix.probe.rules.tables import (
+    MAX_GCC_FOR_NVCC,
+    MIN_NVCC_FOR_GLIBC,
+    PIP_NVCC_FROM,
+    TORCH_CXX20_FROM,
+)
 from tests.conftest import in_ci
-from tests.lab.realtorch import cache_root
+from tests.lab.realtorch import REAL_TORCH_VERSION, cache_root, venv_path
 
 # NVIDIA's wheels, one per CUDA minor the tables name. 12.x: the nvcc wheel holds the crt headers;
 # 13.x: they moved to nvidia-cuda-crt (nvidia-cuda-nvcc requires it).
@@ -148,3 +155,35 @@ def test_the_local_cuda_13_0_agrees_with_its_wheel() -> None:
         pytest.skip("no /usr/local/cuda-13.0 here")
     assert "#if __GNUC__ > 15" in local.read_text()
     assert MAX_GCC_FOR_NVCC[(13, 0)] == 15
+
+
+# ---------------------------------------------------------------- torch's side of the same limits
+
+
+def torch_file(relative: str) -> str:
+    """A file of the real torch (the lab's venv when built, else read from the wheel)."""
+    for site in sorted(venv_path().glob("lib/python3*/site-packages/torch")):
+        if (site / relative).is_file():
+            return (site / relative).read_text()
+    return member(wheel("torch", REAL_TORCH_VERSION), f"torch/{relative}")
+
+
+def test_torch_2_14_requires_cxx20() -> None:
+    aten = torch_file("include/ATen/ATen.h")
+    assert "__cplusplus < 202002L" in aten
+    assert "#error C++20 or later compatible compiler is required to use ATen." in aten
+    assert (major_minor(REAL_TORCH_VERSION) or (0, 0)) >= TORCH_CXX20_FROM
+    # cpp_extension adds -std=c++20 itself, only where the extension passes no -std of its own.
+    assert "cpp_flag = cpp_flag_prefix + 'c++20'" in torch_file("utils/cpp_extension.py")
+
+
+def test_torchs_gcc_bounds_agree_with_nvidias_headers() -> None:
+    # torch refuses the host compiler itself (_check_cuda_version) before nvcc runs: its exclusive upper
+    # bound must be one above the header's limit wherever both know the CUDA version.
+    source = torch_file("utils/cpp_extension.py")
+    table = source[source.index("CUDA_GCC_VERSIONS"):source.index("MINIMUM_CLANG_VERSION")]
+    bounds = {cuda: int(upper) for cuda, upper in re.findall(r"'(\d+\.\d+)': \(.*?, \((\d+), 0\)\)", table)}
+    shared = {cuda for cuda in bounds if major_minor(cuda) in MAX_GCC_FOR_NVCC}
+    assert {"12.4", "12.6", "12.8", "12.9", "13.0"} <= shared
+    for cuda in shared:
+        assert bounds[cuda] == MAX_GCC_FOR_NVCC[major_minor(cuda) or (0, 0)] + 1, cuda
