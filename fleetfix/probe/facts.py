@@ -337,6 +337,8 @@ class BuildFacts(_Model):
     ninja: bool = False
     ninja_version: str | None = None
     make: bool = False
+    gxx_majors: list[int] = Field(default_factory=empty(list))   # /usr/bin/g++-N installed (N)
+    glibc: str | None = None                                      # "2.41" (None: an older probe, or musl)
     disk_free_mb: dict[str, int | None] = Field(default_factory=empty(dict))
     mem_total_mb: int | None = None
     mem_available_mb: int | None = None

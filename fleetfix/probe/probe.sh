@@ -1046,6 +1046,23 @@ probe_build() {
     printf ',"ninja":'; if have ninja; then printf true; else printf false; fi
     printf ',"ninja_version":'; if have ninja; then jn "$(tool_version ninja --version)"; else printf null; fi
     printf ',"make":'; if have make; then printf true; else printf false; fi
+    # The versioned compilers installed beside the default (Debian's g++-N): a host compiler nvcc
+    # accepts may already be there. A glob, no fork.
+    printf ',"gxx_majors":['; _sep=
+    for _g in "$R"/usr/bin/g++-[0-9] "$R"/usr/bin/g++-[0-9][0-9]; do
+        [ -x "$_g" ] || continue
+        printf '%s%s' "$_sep" "${_g#"$R"/usr/bin/g++-}"; _sep=,
+    done
+    printf ']'
+    # The C library's version: nvcc's headers must compile against its <math.h> (glibc >= 2.41 breaks
+    # nvcc <= 12.9). getconf prints "glibc 2.41"; ldd's first line ends with the version.
+    _glibc=$(tool_version getconf GNU_LIBC_VERSION)
+    case $_glibc in
+        "glibc "[0-9]*) _glibc=${_glibc#glibc } ;;
+        *) _glibc=$(tool_version ldd --version); _glibc=${_glibc##* } ;;
+    esac
+    case $_glibc in [0-9]*.[0-9]*) ;; *) _glibc= ;; esac
+    printf ',"glibc":'; jn "$_glibc"
     printf ',"disk_free_mb":'; disk_free_json / /var/cache/apt /usr/local
     _mt=; _ma=
     if [ -r /proc/meminfo ]; then

@@ -202,6 +202,22 @@ def test_mismatched_toolkit_is_refused_before_building(
                  ).stdout.decode().strip() == "0"
 
 
+def test_pip_toolkit_refuses_cuda_12_before_changing_anything(
+    lab: Lab, make_ct: Callable[..., Container], real_torch: RealTorch, tmp_path: Path,
+) -> None:
+    # NVIDIA's cu12 nvcc wheels hold only ptxas (tests/unit/groundtruth): the playbook says so and stops.
+    ct, args = torch_ct(make_ct, tmp_path, lab, real_torch)
+    before = tree_digest(ct.upper_dir)
+    refused = run_cli("apply", TOOLKIT_PIP, *args, "--var", "cuda_version=12.8", "--json")
+    assert refused.exit_code == 1, refused.stdout + refused.stderr
+    [target] = refused.json()["targets"]
+    failed = failed_step(refused)
+    assert failed["name"] == "cuda version known"
+    assert "carry no nvcc before 13.0" in failed["stderr"] and "whl/cu130" in failed["stderr"]
+    assert target["counts"]["changed"] == 0
+    assert tree_digest(ct.upper_dir) == before
+
+
 @pytest.mark.timeout(1200)
 def test_pip_toolkit_without_apt_then_build(
     lab: Lab, make_ct: Callable[..., Container], real_torch: RealTorch, toolkit_wheels: Path, tmp_path: Path,

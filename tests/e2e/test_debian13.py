@@ -161,8 +161,10 @@ def test_a_cuda_the_debian13_repository_lacks_is_refused_before_anything_changes
     targets = host_args(lab, None, ct.ctid)
     [report] = run_cli("probe", *targets, "--json").json()["targets"]
     fixes = {f["code"]: f["fix"] for f in report["findings"]}
-    # No clean apt path for 12.8 on Debian 13: the probe prescribes the pip toolkit.
-    assert fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["playbook"] == "playbooks/cuda-toolkit-pip.yaml"
+    # No 12.8 toolkit for Debian 13 at all (no apt branch, no nvcc in NVIDIA's cu12 wheels, glibc 2.41):
+    # no playbook is prescribed, the way forward is a torch built for CUDA 13.
+    assert fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["playbook"] is None
+    assert "whl/cu130" in fixes["CUDA_RUNTIME_WITHOUT_TOOLKIT"]["hint"]
 
     before = tree_digest(ct.upper_dir)
     result = run_cli("apply", PLAYBOOK, *targets, "--var", f"cuda_repo_base={nvidia_repos.base_url}",
@@ -176,11 +178,14 @@ def test_a_cuda_the_debian13_repository_lacks_is_refused_before_anything_changes
     assert tree_digest(ct.upper_dir) == before
 
 
-def test_debian_13s_gcc_14_is_too_new_for_a_cuda_12_6_build(
+def test_debian_13s_glibc_2_41_rules_out_every_cuda_12_toolkit(
     lab: Lab, make_ct: Callable[..., Container], trixie: Path,
 ) -> None:
+    # The probe reads the template's real glibc; nvcc 12.6 (like every 12.x) cannot compile against it,
+    # which makes its gcc limit (13, below Debian 13's gcc 14) moot: no 12.x toolkit is prescribed.
     ct = make_ct(template=trixie, setup=seed_problem("12.6", "2.6.0+cu126"))
     [report] = run_cli("probe", *host_args(lab, None, ct.ctid), "--json").json()["targets"]
-    finding = next(f for f in report["findings"] if f["code"] == "HOST_COMPILER_TOO_NEW")
-    assert (finding["evidence"]["gxx_version"].split(".")[0], finding["evidence"]["newest_gcc"]) == ("14", 13)
-    assert "gcc versions later than 13 are not supported" in finding["summary"]
+    finding = next(f for f in report["findings"] if f["code"] == "NVCC_GLIBC_INCOMPATIBLE")
+    assert (finding["evidence"]["glibc"], finding["evidence"]["nvcc_version"]) == ("2.41", "12.6")
+    assert "the route is a torch built for CUDA >= 13.0" in finding["summary"]
+    assert "HOST_COMPILER_TOO_NEW" not in [f["code"] for f in report["findings"]]

@@ -46,6 +46,7 @@ REGISTRY: tuple[Registered, ...] = (
     # CUDA toolkit
     Registered(toolkit.runtime_without_toolkit, ("CUDA_RUNTIME_WITHOUT_TOOLKIT",)),
     Registered(toolkit.toolkit_mismatch, ("CUDA_TOOLKIT_MAJOR_MISMATCH", "CUDA_TOOLKIT_MINOR_MISMATCH")),
+    Registered(toolkit.nvcc_glibc_incompatible, ("NVCC_GLIBC_INCOMPATIBLE",)),
     Registered(arch.torch_wheel_lacks_arch, ("TORCH_WHEEL_LACKS_ARCH",)),
     Registered(arch.gpu_arch_unsupported, ("GPU_ARCH_UNSUPPORTED_BY_TOOLKIT",)),
     Registered(toolkit.default_link_mismatch, ("CUDA_DEFAULT_LINK_MISMATCH",)),
@@ -67,6 +68,7 @@ REGISTRY: tuple[Registered, ...] = (
     Registered(repo.sha1_key_rejected, ("APT_SHA1_KEY_REJECTED",)),
     # what a build needs besides nvcc (judged once the other fixes are known)
     Registered(build.host_compiler_too_new, ("HOST_COMPILER_TOO_NEW",), after_fixes=True),
+    Registered(build.host_compiler_too_old, ("HOST_COMPILER_TOO_OLD",), after_fixes=True),
     Registered(build.python_headers_missing, ("PYTHON_HEADERS_MISSING",), after_fixes=True),
     Registered(build.build_tools_missing, ("BUILD_TOOLS_MISSING",), after_fixes=True),
     Registered(build.build_memory_low, ("BUILD_MEMORY_LOW",), after_fixes=True),

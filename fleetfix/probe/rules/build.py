@@ -1,15 +1,22 @@
 """Build-host rules: what an extension build needs besides nvcc (a host compiler nvcc accepts, Python.h,
 g++ and ninja, memory per compile job, a /tmp that can hold the build tree). They judge only targets
-where a fix builds or installs something, so a healthy inference container is not nagged."""
+where a fix builds or installs something, so a healthy inference container is not nagged - except an
+installed nvcc that refuses the default compiler, which is a broken toolkit either way."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from fleetfix.probe.facts import version_tuple
 from fleetfix.probe.rules.arch import build_nvcc
 from fleetfix.probe.rules.base import Context, Finding, Severity, finding, major_minor
-from fleetfix.probe.rules.tables import MAX_GCC_FOR_NVCC
+from fleetfix.probe.rules.route import toolkit_route
+from fleetfix.probe.rules.tables import (
+    DISTRO_GXX_MAJORS,
+    GCC_CXX20_FROM,
+    MAX_GCC_FOR_NVCC,
+    TORCH_CXX20_FROM,
+)
 
 # Memory one compile job needs: the full causal-conv1d build peaked at 10.1 GB with MAX_JOBS=2
 # (docs/extensions.md, measured on the test bed); mamba-ssm's setup.py compiles the same way.
@@ -18,29 +25,92 @@ MEM_PER_JOB_MB = 5120
 TMP_BUILD_MB = 2048
 
 
+def _judged_nvcc(ctx: Context) -> tuple[str | None, str]:
+    """The nvcc whose host-compiler limit matters: what the toolkit fix installs (torch's X.Y) when one
+    is planned, else torch's own toolkit when installed (build-extensions.yaml builds with it), else the
+    nvcc a plain build picks. An installed nvcc is judged whether or not a build is planned: one that
+    refuses the default compiler is a broken toolkit."""
+    installed = {n.version for n in ctx.nvccs() if n.version}
+    for cuda in ctx.torch_cudas:
+        if cuda not in installed and ctx.installs_planned and toolkit_route(ctx, cuda).way != "none":
+            return cuda, "torch's CUDA (what the toolkit fix installs)"
+        if cuda in installed:
+            return cuda, "torch's CUDA (installed)"
+    used, source = build_nvcc(ctx)
+    return (used.version, source) if used else (None, "")
+
+
+def _compiler_fix(ctx: Context, fits: Callable[[int], bool], want: str) -> str:
+    """How to get a g++ that `fits`: one installed beside the default (Debian's g++-N), else one the
+    distribution's archive has; CC/CXX are what torch's cpp_extension and nvcc both obey (torch 2.14.1
+    cpp_extension.py: BuildExtension._check_abi reads the compiler distutils takes from CXX, and
+    unix_cuda_flags passes `-ccbin $CC` to nvcc). NVCC_PREPEND_FLAGS alone comes too late: torch's
+    _check_cuda_version refuses the default g++ before nvcc runs."""
+    build, os = ctx.facts.build, ctx.facts.os
+    installed = sorted((n for n in build.gxx_majors if fits(n)), reverse=True)
+    if installed:
+        n = installed[0]
+        return (f"g++-{n} is installed: build with CC=/usr/bin/gcc-{n} CXX=/usr/bin/g++-{n} "
+                "(build-extensions.yaml picks it itself)")
+    known = DISTRO_GXX_MAJORS.get((os.id or "", os.version_id or ""))
+    name = os.pretty_name or f"{os.id} {os.version_id}"
+    if known is None:
+        return (f"install a {want} from the distribution and build with CC=/usr/bin/gcc-N "
+                "CXX=/usr/bin/g++-N")
+    offered = sorted((n for n in known if fits(n)), reverse=True)
+    if not offered:
+        return f"{name}'s archive has no {want} (it has g++-{', g++-'.join(map(str, known))})"
+    n = offered[0]
+    return (f"install g++-{n} (in {name}'s archive) and build with CC=/usr/bin/gcc-{n} "
+            f"CXX=/usr/bin/g++-{n}")
+
+
 def host_compiler_too_new(ctx: Context) -> Iterator[Finding]:
     build = ctx.facts.build
     gcc = version_tuple(build.gxx_version or build.gcc_version)
-    if not (ctx.installs_planned or ctx.builds_planned) or gcc is None or not ctx.torch_cudas:
+    if gcc is None:
         return
-    used, source = build_nvcc(ctx)
-    # The nvcc a build will use: torch's X.Y once the toolkit fix installed it, else the one there now.
-    version = ctx.torch_cudas[0] if ctx.toolkit_needed() or used is None else used.version
+    version, source = _judged_nvcc(ctx)
     mm = major_minor(version)
     newest = MAX_GCC_FOR_NVCC.get(mm) if mm else None
     if newest is None or gcc[0] <= newest:
         return
     compiler = f"g++ {build.gxx_version}" if build.gxx_version else f"gcc {build.gcc_version}"
+    fix = _compiler_fix(ctx, lambda n: GCC_CXX20_FROM <= n <= newest, f"g++ <= {newest}")
     yield finding(
         "HOST_COMPILER_TOO_NEW", Severity.ERROR,
-        f"{compiler} is newer than nvcc {version} accepts (gcc <= {newest}): every CUDA build stops at "
-        f"crt/host_config.h with 'unsupported GNU version! gcc versions later than {newest} are not "
-        "supported!'",
+        f"{compiler} is newer than nvcc {version} accepts (gcc <= {newest}): torch's cpp_extension refuses "
+        f"it before compiling ('greater than the maximum required version by CUDA {version}'), and nvcc "
+        f"stops at crt/host_config.h ('gcc versions later than {newest} are not supported!')",
         {"gcc_version": build.gcc_version, "gxx_version": build.gxx_version, "nvcc_version": version,
-         "newest_gcc": newest, "nvcc_source": source if not ctx.toolkit_needed() else "torch's CUDA"},
-        hint=f"install g++-{newest} beside it and build with "
-             f"NVCC_PREPEND_FLAGS='-ccbin /usr/bin/g++-{newest}' (or use a newer CUDA whose nvcc accepts "
-             f"gcc {gcc[0]}); never -allow-unsupported-compiler",
+         "newest_gcc": newest, "nvcc_source": source, "gxx_majors": list(build.gxx_majors)},
+        hint=f"{fix}; or use a newer CUDA whose nvcc accepts gcc {gcc[0]}; never -allow-unsupported-compiler",
+    )
+
+
+def _release(torch_version: str | None) -> tuple[int, int]:
+    """'2.14.1+cu130' -> (2, 14): torch's version without its local label."""
+    return major_minor((torch_version or "").split("+", 1)[0]) or (0, 0)
+
+
+def host_compiler_too_old(ctx: Context) -> Iterator[Finding]:
+    """torch >= 2.13's headers need C++20 (tables.TORCH_CXX20_FROM), which gcc < 10 cannot compile."""
+    build = ctx.facts.build
+    gcc = version_tuple(build.gxx_version or build.gcc_version)
+    if not (ctx.installs_planned or ctx.builds_planned) or gcc is None or gcc[0] >= GCC_CXX20_FROM:
+        return
+    torches = [e.torch for e in ctx.facts.torch_envs if e.torch]
+    needing = [t for t in torches if _release(t.version) >= TORCH_CXX20_FROM]
+    if not needing:
+        return
+    compiler = f"g++ {build.gxx_version}" if build.gxx_version else f"gcc {build.gcc_version}"
+    yield finding(
+        "HOST_COMPILER_TOO_OLD", Severity.ERROR,
+        f"{compiler} cannot compile C++20, which torch {needing[0].version}'s headers require ('#error "
+        "C++20 or later compatible compiler is required to use ATen'): every extension build fails",
+        {"gcc_version": build.gcc_version, "gxx_version": build.gxx_version,
+         "torch_version": needing[0].version, "minimum_gcc": GCC_CXX20_FROM},
+        hint=_compiler_fix(ctx, lambda n: n >= GCC_CXX20_FROM, f"g++ >= {GCC_CXX20_FROM}"),
     )
 
 

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 
 from fleetfix.probe.facts import AptSource
 from fleetfix.probe.rules.base import (
-    CUDA_TOOLKIT_PIP_PLAYBOOK,
     Context,
     Finding,
     Severity,
@@ -16,7 +15,7 @@ from fleetfix.probe.rules.base import (
     dash,
     finding,
 )
-from fleetfix.probe.rules.route import interpreter_for, toolkit_fix, toolkit_route
+from fleetfix.probe.rules.route import toolkit_fix, toolkit_hint, toolkit_route
 
 
 def unsupported_distro(ctx: Context) -> Iterator[Finding]:
@@ -31,10 +30,10 @@ def unsupported_distro(ctx: Context) -> Iterator[Finding]:
         "to install the toolkit from",
         {"os_id": os.id, "version_id": os.version_id, "machine": os.machine,
          "nvidia_distro": os.nvidia_distro, "nvidia_arch": os.nvidia_arch},
-        playbook=CUDA_TOOLKIT_PIP_PLAYBOOK,
-        vars={"cuda_version": (cuda := ctx.toolkit_needed()[0]), "python": interpreter_for(ctx, cuda)},
-        hint="the pip toolkit wheels work on any glibc Linux (the playbook assembles CUDA_HOME); or a "
-             "supported base (Debian 11-13, Ubuntu LTS; x86_64 or aarch64/sbsa)",
+        **toolkit_fix(ctx, cuda := ctx.toolkit_needed()[0]),
+        hint=("the pip toolkit wheels work on any glibc Linux (the playbook assembles CUDA_HOME); or a "
+              "supported base (Debian 11-13, Ubuntu LTS; x86_64 or aarch64/sbsa)"
+              if toolkit_route(ctx, cuda).way == "pip" else toolkit_hint(ctx, cuda)),
     )
 
 
@@ -51,8 +50,9 @@ def repo_lacks_cuda(ctx: Context) -> Iterator[Finding]:
             {"torch_cuda": cuda, "nvidia_distro": os.nvidia_distro, "nvidia_arch": os.nvidia_arch,
              "why": route.why, "index_nvcc": ctx.facts.apt.nvidia_index.nvcc},
             **toolkit_fix(ctx, cuda),
-            hint="install NVIDIA's CUDA wheels into torch's env (cuda-toolkit-pip.yaml); a torch build "
-                 "for a CUDA this repository carries is the other way",
+            hint=("install NVIDIA's CUDA wheels into torch's env (cuda-toolkit-pip.yaml); a torch build "
+                  "for a CUDA this repository carries is the other way"
+                  if route.way == "pip" else toolkit_hint(ctx, cuda)),
         )
 
 

@@ -52,10 +52,57 @@ def oldest_nvcc_for(arch: tuple[int, int]) -> tuple[int, int] | None:
     return None
 
 # The newest gcc major each nvcc accepts (crt/host_config.h: `#if __GNUC__ > N` -> "#error -- unsupported
-# GNU version! gcc versions later than N are not supported!"). 13.0: read in this machine's real
-# /usr/local/cuda-13.0/include/crt/host_config.h; 12.9: its literal error quoted from a
-# /usr/local/cuda-12.9 build ("later than 14"); 12.4 and 12.6: quoted build failures ("later than 13").
-# Versions without a verified source are left out (no finding rather than a guess).
+# GNU version! gcc versions later than N are not supported!"). Read in NVIDIA's own PyPI wheels:
+# nvidia-cuda-nvcc-cu12 12.4.131 and 12.6.85 (nvidia/cuda_nvcc/include/crt/host_config.h line 141:
+# `> 13`), 12.8.93 and 12.9.86 (line 141: `> 14`); nvidia-cuda-crt 13.0.88 to 13.3.73
+# (nvidia/cu13/include/crt/host_config.h line 135: `> 15`), 13.4.92 and 13.5.37 (`> 16`).
+# tests/unit/groundtruth/test_nvidia_wheels.py downloads those wheels and checks every entry against them.
+# torch 2.14.1's cpp_extension.CUDA_GCC_VERSIONS agrees where it has an entry (12.8/12.9: < 15, 13.0: < 16).
+# Versions without a wheel read here are left out (no finding rather than a guess).
 MAX_GCC_FOR_NVCC: dict[tuple[int, int], int] = {
-    (12, 4): 13, (12, 6): 13, (12, 9): 14, (13, 0): 15,
+    (12, 4): 13, (12, 6): 13, (12, 8): 14, (12, 9): 14,
+    (13, 0): 15, (13, 1): 15, (13, 2): 15, (13, 3): 15, (13, 4): 16, (13, 5): 16,
+}
+
+# The first nvcc whose crt/math_functions.h compiles against a glibc: glibc 2.41 declares C23's
+# sinpi/cospi (and their f variants) with __THROW, which nvcc <= 12.9 declares without ("exception
+# specification is incompatible with that of previous function \"cospi\"", NVIDIA/cuda-samples#378 on
+# Ubuntu 25.04 with 12.9; 1CatAI/1Cat-vLLM#215 on Debian 13 with 12.8.93). The crt wheels 13.0.88 and
+# 13.1.115 guard it (`__NV_GLIBC_PROVIDES_IEC_60559_FUNCS`, math_functions.h lines 122-126); glibc 2.42
+# adds rsqrt/rsqrtf the same way, guarded from 13.2.86 on (`_NV_GLIBC_VERSION_GE_2_42` ->
+# `_NV_RSQRT_SPECIFIER noexcept(true)`, lines 128-139; NixOS/nixpkgs#498678 patches older ones for it).
+# glibc (major, minor) -> the oldest nvcc (major, minor) that builds against it; newer glibc: unknown.
+MIN_NVCC_FOR_GLIBC: dict[tuple[int, int], tuple[int, int]] = {
+    (2, 41): (13, 0),
+    (2, 42): (13, 2),
+}
+
+
+def oldest_nvcc_for_glibc(glibc: tuple[int, int]) -> tuple[int, int] | None:
+    """The oldest nvcc whose headers compile against this glibc (None: any, as far as is known)."""
+    needs = [need for version, need in MIN_NVCC_FOR_GLIBC.items() if glibc >= version]
+    return max(needs) if needs else None
+
+
+# The CUDA versions NVIDIA's PyPI wheels carry a working nvcc for: only the 13.x `nvidia-cuda-nvcc`
+# wheel ships nvidia/cu13/bin/nvcc; every `nvidia-cuda-nvcc-cu12` (12.4.131, 12.6.85, 12.8.93, 12.9.86
+# read here) holds nvidia/cuda_nvcc/bin/ptxas and no nvcc. tests/unit/groundtruth checks both.
+PIP_NVCC_FROM: tuple[int, int] = (13, 0)
+
+# torch's headers refuse anything below C++20 from torch 2.13 on: torch 2.14.1's include/ATen/ATen.h
+# line 5 `#error C++20 or later compatible compiler is required to use ATen.` (and
+# torch/csrc/api/include/torch/all.h line 5); Dao-AILab/flash-attention#2879 ("PyTorch 2.13+ requires
+# C++20"). gcc accepts -std=c++20 from gcc 10 on (gcc.gnu.org/projects/cxx-status.html: "use
+# -std=c++2a in GCC 9 and earlier"), and torch's cpp_extension passes -std=c++20 (torch 2.14.1
+# cpp_extension.py, append_std17_if_no_std_present). tests/unit/groundtruth reads both torch files.
+TORCH_CXX20_FROM: tuple[int, int] = (2, 13)
+GCC_CXX20_FROM = 10
+
+# g++-N packages known to be in a distribution release's archive, for the fix that installs a gcc nvcc
+# accepts. Debian 12: `apt-cache policy` on bookworm (g++-11 11.3.0-12, g++-12 12.2.0-14+deb12u1; no
+# g++-10, g++-13). Debian 13: g++-14, installed from trixie in tests/lab's debootstrapped template.
+# Only what was read is listed (a subset at worst); an OS not listed gets no package name.
+DISTRO_GXX_MAJORS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("debian", "12"): (11, 12),
+    ("debian", "13"): (14,),
 }

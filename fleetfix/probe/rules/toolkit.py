@@ -11,10 +11,11 @@ from fleetfix.probe.rules.base import (
     Finding,
     Severity,
     dash,
+    dotted,
     finding,
     major_minor,
 )
-from fleetfix.probe.rules.route import toolkit_fix, toolkit_hint
+from fleetfix.probe.rules.route import glibc_blocks, target_glibc, toolkit_fix, toolkit_hint, way_forward
 
 
 def runtime_without_toolkit(ctx: Context) -> Iterator[Finding]:
@@ -63,6 +64,47 @@ def toolkit_mismatch(ctx: Context) -> Iterator[Finding]:
                 hint=f"install the exact toolkit (cuda-nvcc-{dash(cuda)}) and build with "
                      f"CUDA_HOME=/usr/local/cuda-{cuda}",
             )
+
+
+def _glibc_symbol(nvcc: tuple[int, int]) -> str:
+    """The first declaration that clashes: glibc 2.41's cospi for nvcc <= 12.9, glibc 2.42's rsqrt after."""
+    return "cospi" if nvcc < (13, 0) else "rsqrt"
+
+
+def nvcc_glibc_incompatible(ctx: Context) -> Iterator[Finding]:
+    """An nvcc whose crt/math_functions.h does not compile against the target's glibc (tables.
+    MIN_NVCC_FOR_GLIBC): every .cu build fails, whatever the host compiler. Judged for every nvcc
+    installed (a broken toolkit, build planned or not) and for torch's CUDA where none is installed
+    (the toolkit a fix would install could not build either)."""
+    glibc = target_glibc(ctx)
+    if glibc is None:
+        return
+    installed: dict[str, list[str]] = {}
+    for nvcc in ctx.nvccs():
+        if nvcc.version and glibc_blocks(ctx, nvcc.version):
+            installed.setdefault(nvcc.version, []).append(nvcc.path)
+    planned = [cuda for cuda in ctx.toolkit_needed() if glibc_blocks(ctx, cuda) and cuda not in installed]
+    for version in [*installed, *planned]:
+        need = glibc_blocks(ctx, version) or (0, 0)
+        mm = major_minor(version) or (0, 0)
+        torch_wants = version in ctx.torch_cudas
+        where = (f"nvcc {version} ({', '.join(installed[version])})" if version in installed
+                 else f"torch's CUDA {version} (no nvcc for it yet)")
+        summary = (f"{where} cannot compile CUDA code against this target's glibc {dotted(glibc)}: every "
+                   f".cu build stops in crt/math_functions.h ('exception specification is incompatible "
+                   f"with that of previous function \"{_glibc_symbol(mm)}\"'); nvcc >= {dotted(need)} "
+                   "guards it")
+        if torch_wants and mm < (13, 0):
+            summary += ("; no CUDA 12.x toolkit builds extensions here: the route is a torch built for "
+                        f"CUDA >= {dotted(max(need, (13, 0)))}")
+        hint = (way_forward(ctx, version) if torch_wants else
+                f"build with an nvcc >= {dotted(need)} (CUDA_HOME pointing at it), or remove nvcc {version}")
+        yield finding(
+            "NVCC_GLIBC_INCOMPATIBLE", Severity.ERROR, summary,
+            {"glibc": dotted(glibc), "nvcc_version": version, "nvcc_paths": installed.get(version, []),
+             "minimum_nvcc": dotted(need), "torch_cuda": list(ctx.torch_cudas)},
+            hint=hint,
+        )
 
 
 def default_link_mismatch(ctx: Context) -> Iterator[Finding]:

@@ -226,6 +226,68 @@ def test_toolkit_without_cudart_dev_is_refused(facts: dict[str, Any], fake_pytho
     assert "no lib64/libcudart.so" in run.steps[-1].reason
 
 
+# ---------------------------------------------------------------- the host compiler
+
+
+def host_config(home: Path, newest_gcc: int) -> None:
+    """crt/host_config.h's version check, as NVIDIA's headers spell it (nvidia-cuda-crt 13.0.88 line 135)."""
+    (home / "include" / "crt").mkdir(parents=True, exist_ok=True)
+    (home / "include" / "crt" / "host_config.h").write_text(
+        f"#if __GNUC__ > {newest_gcc}\n\n#error -- unsupported GNU version! gcc versions later than "
+        f"{newest_gcc} are not supported!\n\n#endif /* __GNUC__ > {newest_gcc} */\n")
+
+
+def default_gxx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, version: str) -> None:
+    """A default g++ of another version first on PATH (the versioned /usr/bin/g++-N stay real)."""
+    bindir = tmp_path / "default-gxx"
+    bindir.mkdir()
+    (bindir / "g++").write_text(f"#!/bin/sh\necho {version}\n")
+    (bindir / "g++").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+
+@pytest.mark.skipif(not Path("/usr/bin/g++-12").exists(), reason="needs /usr/bin/g++-12 (Debian 12's g++)")
+def test_a_default_gxx_the_toolkit_refuses_builds_with_an_installed_gxx_n(
+        facts: dict[str, Any], fake_python: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # g++ 14 by default, a toolkit that takes gcc <= 12: torch would refuse g++ 14 before nvcc runs, so
+    # the build gets CC/CXX pointing at the installed g++-12 (what torch and nvcc both obey).
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    host_config(home, 12)
+    default_gxx(tmp_path, monkeypatch, "14.2.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert run.status == "changed", [(s.name, s.status, s.reason, s.stderr) for s in run.steps]
+    compiler = next(s for s in run.steps if s.name == "host compiler accepted")
+    assert "building with g++-12" in compiler.stdout
+    state = fake_python.parent.parent / "state"
+    env = dict(line.split("=", 1) for line in (state / "pip-env").read_text().splitlines() if "=" in line)
+    assert (env["CC"], env["CXX"]) == ("/usr/bin/gcc-12", "/usr/bin/g++-12")
+
+
+def test_no_accepted_gxx_is_refused_before_building(facts: dict[str, Any], fake_python: Path,
+                                                    tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    host_config(home, 9)   # no g++-9 or older is installed on any machine this runs on
+    default_gxx(tmp_path, monkeypatch, "14.2.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert run.status == "failed"
+    assert run.steps[-1].name == "host compiler accepted"
+    assert "HOST_COMPILER_TOO_NEW" in run.steps[-1].reason and "install g++-9" in run.steps[-1].reason
+    assert not (fake_python.parent.parent / "state" / "pip-args").exists()   # pip never ran
+
+
+def test_the_real_cuda_13_0_header_accepts_this_gxx(facts: dict[str, Any], fake_python: Path,
+                                                    tmp_path: Path) -> None:
+    real = Path("/usr/local/cuda-13.0/include/crt/host_config.h")
+    if not real.exists():
+        pytest.skip("no /usr/local/cuda-13.0 here")
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    (home / "include" / "crt").mkdir()
+    (home / "include" / "crt" / "host_config.h").symlink_to(real)
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    compiler = next(s for s in run.steps if s.name == "host compiler accepted")
+    assert compiler.status == "ok" and "accepts gcc <= 15" in compiler.stdout
+
+
 # ---------------------------------------------------------------- the build step
 
 
@@ -235,7 +297,7 @@ def test_build_sets_cuda_home_jobs_arch_and_switches(facts: dict[str, Any], fake
     run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home),
                     pip_args="--no-index --find-links /srv/wheels")
     assert run.status == "changed", [(s.name, s.status, s.reason, s.stderr) for s in run.steps]
-    assert [s.status for s in run.steps] == ["ok", "ok", "ok", "ok", "ok", "changed"]
+    assert [s.status for s in run.steps] == ["ok", "ok", "ok", "ok", "ok", "ok", "changed"]
     state = fake_python.parent.parent / "state"
     env = dict(line.split("=", 1) for line in (state / "pip-env").read_text().splitlines() if "=" in line)
     assert env["CUDA_HOME"] == str(home) and env["PATH"].startswith(f"{home}/bin:{fake_python.parent}:")
@@ -308,36 +370,41 @@ def test_check_mode_builds_nothing(facts: dict[str, Any], fake_python: Path, tmp
 # ---------------------------------------------------------------- cuda-toolkit-pip
 
 
-def test_pip_packages_per_cuda_major(facts: dict[str, Any]) -> None:
-    assert plan(TOOLKIT_PIP, facts).plays[0].vars["pip_packages"].split() == [
-        "nvidia-cuda-nvcc-cu12==12.8.*", "nvidia-cuda-runtime-cu12==12.8.*", "nvidia-cuda-cccl-cu12==12.8.*"]
-    assert plan(TOOLKIT_PIP, cu130(facts)).plays[0].vars["pip_packages"] == \
-        "cuda-toolkit[nvcc,cudart,cccl,crt]==13.0.*"
+def test_pip_playbook_refuses_cuda_12_before_changing_anything(facts: dict[str, Any], tmp_path: Path) -> None:
+    # NVIDIA's cu12 nvcc wheels hold only ptxas (tests/unit/groundtruth reads them): no 12.x pip toolkit.
+    first = plan(TOOLKIT_PIP, facts).plays[0].steps[0]
+    assert first.compiled.step.name == "cuda version known" and first.rendered is not None
+    assert first.rendered.apply is None and first.rendered.check is not None   # a check: changes nothing
+    refused = sh(first.rendered.check, tmp_path)
+    assert refused.returncode == 1
+    assert "CUDA 12.8: NVIDIA's PyPI wheels carry no nvcc before 13.0" in refused.stderr
+    assert "nothing was changed" in refused.stderr and "whl/cu130" in refused.stderr
+    assert "cuda-toolkit.yaml" in refused.stderr
+    accepted = plan(TOOLKIT_PIP, cu130(facts)).plays[0]
+    assert accepted.vars["pip_packages"] == "cuda-toolkit[nvcc,cudart,cccl,crt]==13.0.*"
+    step = accepted.steps[0].rendered
+    assert step is not None and step.check is not None
+    assert sh(step.check, tmp_path).returncode == 0
 
 
-def wheel_tree(site: Path, layout: str) -> None:
-    """What NVIDIA's wheels put under site-packages/nvidia: 13.x merged cu13/, 12.x one dir per component."""
-    if layout == "13":
-        nvcc_root = runtime = cccl = site / "nvidia" / "cu13"
-        version, lib = "13.0", "libcudart.so.13"
-    else:
-        nvcc_root, runtime, cccl = (site / "nvidia" / p for p in ("cuda_nvcc", "cuda_runtime", "cuda_cccl"))
-        version, lib = "12.8", "libcudart.so.12"
-    fake_toolkit(nvcc_root, version, headers=False, libcudart=False)
-    (nvcc_root / "nvvm" / "bin").mkdir(parents=True)
-    for directory, name in ((runtime, "cuda_runtime_api.h"), (cccl, "cub/cub.cuh")):
-        (directory / "include" / name).parent.mkdir(parents=True, exist_ok=True)
-        (directory / "include" / name).write_text("/* fake */\n")
-    (runtime / "lib").mkdir(exist_ok=True)
-    (runtime / "lib" / lib).write_text("fake\n")
+def wheel_tree(site: Path) -> None:
+    """What NVIDIA's 13.x wheels put under site-packages/nvidia: one merged cu13/ tree (the real layout,
+    read in nvidia-cuda-nvcc 13.0.88 by tests/unit/groundtruth; the real install is tests/e2e)."""
+    root = site / "nvidia" / "cu13"
+    fake_toolkit(root, "13.0", headers=False, libcudart=False)
+    (root / "nvvm" / "bin").mkdir(parents=True)
+    for name in ("cuda_runtime_api.h", "cub/cub.cuh"):
+        (root / "include" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "include" / name).write_text("/* fake */\n")
+    (root / "lib").mkdir(exist_ok=True)
+    (root / "lib" / "libcudart.so.13").write_text("fake\n")
 
 
-@pytest.mark.parametrize(("layout", "version"), [("13", "13.0"), ("12", "12.8")])
 def test_cuda_home_farm_from_the_wheel_layout(facts: dict[str, Any], tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch, layout: str,
-                                              version: str) -> None:
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    version = "13.0"
     site = tmp_path / "site"
-    wheel_tree(site, layout)
+    wheel_tree(site)
     monkeypatch.setenv("PYTHONPATH", str(site))
     home = tmp_path / f"cuda-{version}"
     facts["torch"] = {"version": "x", "cuda": version, "interpreter": sys.executable}
@@ -351,7 +418,7 @@ def test_cuda_home_farm_from_the_wheel_layout(facts: dict[str, Any], tmp_path: P
     checked = sh(farm.check, tmp_path)
     assert checked.returncode == 0, checked.stdout
     assert checked.stdout.strip().endswith(f"CUDA_HOME={home} (nvcc release {version})")
-    assert os.readlink(home / "lib64" / "libcudart.so") == f"libcudart.so.{version.split('.')[0]}"
+    assert os.readlink(home / "lib64" / "libcudart.so") == "libcudart.so.13"
     assert (home / "include" / "cub" / "cub.cuh").is_file() and (home / "nvvm" / "bin").is_dir()
     nvcc = steps["nvcc wheels installed"]
     assert nvcc is not None and nvcc.check is not None

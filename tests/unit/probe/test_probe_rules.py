@@ -176,6 +176,8 @@ CASES: dict[str, Case] = {
     "CUDA_TOOLKIT_MINOR_MISMATCH": Case(
         "healthy", set_in("cuda.toolkits", [toolkit("12.9", "86")]), Severity.WARNING,
         evidence=("nvcc_versions", ["12.9"])),
+    "NVCC_GLIBC_INCOMPATIBLE": Case(
+        "debian13_cu128_problem", NO_EDIT, Severity.ERROR, evidence=("glibc", "2.41")),
     "TORCH_WHEEL_LACKS_ARCH": Case(
         "healthy", chain(set_in("pythons.0.torch.arch_list", ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100",
                                                                "sm_120"]),
@@ -252,8 +254,12 @@ CASES: dict[str, Case] = {
     "APT_SHA1_KEY_REJECTED": Case(
         "debian13_sqv", NO_EDIT, Severity.ERROR, evidence=("repos", ["debian12"])),
     "HOST_COMPILER_TOO_NEW": Case(
-        "debian13_cu130_problem", set_in("pythons.0.torch.cuda", "12.6"),   # the template's real gcc 14
-        Severity.ERROR, evidence=("newest_gcc", 13)),
+        "healthy", set_in("build.gxx_version", "15.1.0"),   # the installed 12.8 takes gcc <= 14
+        Severity.ERROR, evidence=("newest_gcc", 14)),
+    "HOST_COMPILER_TOO_OLD": Case(
+        "problem_case", chain(set_in("pythons.0.torch.version", "2.13.0+cu128"),
+                              set_in("build.gxx_version", "9.4.0")),
+        Severity.ERROR, evidence=("minimum_gcc", 10)),
     "PYTHON_HEADERS_MISSING": Case(
         "debian13_cu130_problem", NO_EDIT, Severity.ERROR, evidence=("python_version", "3.13.5")),
     "BUILD_TOOLS_MISSING": Case(
@@ -456,16 +462,65 @@ def test_debian13_seed_problem_is_fixed_from_the_debian13_repo() -> None:
     assert "debian13/x86_64" in repo.fix.hint
 
 
-def test_debian13_with_a_cuda_12_torch_is_routed_to_the_pip_toolkit() -> None:
+def test_debian13_with_a_cuda_12_torch_gets_no_12x_toolkit_but_the_way_forward() -> None:
+    # Debian 13 (glibc 2.41): NVIDIA's repository there starts at 13.0, NVIDIA's cu12 wheels hold no nvcc,
+    # and no 12.x nvcc compiles against glibc 2.41. No playbook can install a working 12.8 toolkit.
     findings = diagnose(facts_of(load_fixture("debian13_cu128_problem")))
     assert problems(findings) == [
-        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA", "PYTHON_HEADERS_MISSING",
-        "BUILD_TOOLS_MISSING", "EXTENSION_MISSING"]
-    pip = (CUDA_TOOLKIT_PIP_PLAYBOOK, {"cuda_version": "12.8", "python": "python3"})
-    for code in ("CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_LACKS_CUDA"):
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVCC_GLIBC_INCOMPATIBLE", "NVIDIA_REPO_LACKS_CUDA",
+        "PYTHON_HEADERS_MISSING", "BUILD_TOOLS_MISSING", "EXTENSION_MISSING"]
+    for code in ("CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVCC_GLIBC_INCOMPATIBLE", "NVIDIA_REPO_LACKS_CUDA"):
         fix = only(findings, code).fix
-        assert (fix.playbook, fix.vars) == pip
+        assert fix.playbook is None, code
+        assert "torch built for CUDA >= 13.0" in fix.hint and "whl/cu130" in fix.hint, fix.hint
+    glibc = only(findings, "NVCC_GLIBC_INCOMPATIBLE")
+    assert "glibc 2.41" in glibc.summary and "12.8" in glibc.summary and '"cospi"' in glibc.summary
+    assert "the route is a torch built for CUDA >= 13.0" in glibc.summary
     assert "starts at CUDA 13.0" in only(findings, "NVIDIA_REPO_LACKS_CUDA").evidence["why"]
+
+
+def test_the_pip_route_is_offered_for_cuda_13_only() -> None:
+    # No apt at all: 13.0 goes to NVIDIA's wheels, 12.8 has none with an nvcc (tests/unit/groundtruth).
+    def no_apt(cuda: str, version: str) -> Edit:
+        return chain(set_in("apt.present", False), set_in("pythons.0.torch.cuda", cuda),
+                     set_in("pythons.0.torch.version", version))
+    cu130 = only(diagnose(edited("problem_case", no_apt("13.0", "2.14.1+cu130"))),
+                 "CUDA_RUNTIME_WITHOUT_TOOLKIT")
+    assert (cu130.fix.playbook, cu130.fix.vars) == (
+        CUDA_TOOLKIT_PIP_PLAYBOOK, {"cuda_version": "13.0", "python": "python3"})
+    cu128 = only(diagnose(edited("problem_case", no_apt("12.8", "2.11.0+cu128"))),
+                 "CUDA_RUNTIME_WITHOUT_TOOLKIT")
+    assert cu128.fix.playbook is None
+    assert "ship no nvcc" in cu128.fix.hint and "whl/cu130" in cu128.fix.hint
+
+
+def test_an_installed_12x_nvcc_on_glibc_2_41_is_a_broken_toolkit() -> None:
+    # torch cu130 is fine here, but a 12.8 toolkit also installed cannot compile anything: say so.
+    findings = diagnose(edited("debian13_cu130_problem", set_in("cuda.toolkits", [toolkit("12.8", "93")])))
+    finding = only(findings, "NVCC_GLIBC_INCOMPATIBLE")
+    assert finding.evidence["nvcc_paths"] == ["/usr/local/cuda-12.8/bin/nvcc"]
+    assert (finding.evidence["nvcc_version"], finding.evidence["minimum_nvcc"]) == ("12.8", "13.0")
+    assert finding.fix.playbook is None and "nvcc >= 13.0" in finding.fix.hint
+
+
+def test_glibc_2_42_needs_nvcc_13_2() -> None:
+    # Ubuntu 25.10-like: glibc 2.42 declares rsqrt too; 13.0's headers do not guard it, 13.2's do.
+    findings = diagnose(edited("debian13_cu130_problem", set_in("build.glibc", "2.42")))
+    finding = only(findings, "NVCC_GLIBC_INCOMPATIBLE")
+    assert finding.evidence["minimum_nvcc"] == "13.2" and '"rsqrt"' in finding.summary
+    assert "cuda_version=13.2" in finding.fix.hint and "cuda_home" in finding.fix.hint
+    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").fix.playbook is None
+    older = diagnose(edited("debian13_cu130_problem", set_in("build.glibc", "2.40")))
+    assert "NVCC_GLIBC_INCOMPATIBLE" not in [f.code for f in older]
+
+
+def test_glibc_falls_back_to_the_python_envs_libc() -> None:
+    # An older probe has no build.glibc; the python env's confstr says the same.
+    def older_probe(data: dict[str, Any]) -> None:
+        del data["build"]["glibc"]
+        data["pythons"][0]["libc"] = "glibc 2.41"
+    codes = [f.code for f in diagnose(edited("debian13_cu128_problem", older_probe))]
+    assert "NVCC_GLIBC_INCOMPATIBLE" in codes
 
 
 def test_apts_own_index_decides_when_the_repository_is_configured() -> None:
@@ -481,16 +536,21 @@ def test_apts_own_index_decides_when_the_repository_is_configured() -> None:
 
 
 def test_sqv_with_a_sha1_keyed_repo_routes_to_pip_and_says_why() -> None:
-    findings = diagnose(edited("problem_case", chain(
-        set_in("os.id", "ubuntu"), set_in("os.version_id", "24.04"), set_in("apt.version", "3.0.0"))))
-    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
+    sqv = chain(set_in("os.id", "ubuntu"), set_in("os.version_id", "24.04"), set_in("apt.version", "3.0.0"))
+    cu130 = chain(sqv, set_in("pythons.0.torch.cuda", "13.0"))
+    assert only(diagnose(edited("problem_case", cu130)), "CUDA_RUNTIME_WITHOUT_TOOLKIT").fix.playbook == \
+        CUDA_TOOLKIT_PIP_PLAYBOOK
+    # torch cu128: NVIDIA's cu12 wheels hold no nvcc, so no playbook; the hint says what instead.
+    findings = diagnose(edited("problem_case", sqv))
+    runtime = only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT")
+    assert runtime.fix.playbook is None and "sqv rejects" in runtime.fix.hint and "cu130" in runtime.fix.hint
     assert "NVIDIA_REPO_NOT_CONFIGURED" not in [f.code for f in findings]
     assert only(findings, "APT_SHA1_KEY_REJECTED").evidence["repos"] == ["ubuntu2404"]
 
 
 def test_rhel_family_gets_a_route_not_use_debian() -> None:
     finding = only(diagnose(edited("problem_case", CASES["RPM_DISTRO_TOOLKIT"].edit)), "RPM_DISTRO_TOOLKIT")
-    assert finding.fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
+    assert finding.fix.playbook is None   # torch cu128: no pip toolkit for 12.x; dnf is the way
     assert "repos/rhel9/x86_64/cuda-rhel9.repo" in finding.fix.hint
     assert "cuda-cudart-devel-12-8" in finding.fix.hint
     codes = [f.code for f in diagnose(edited("problem_case", CASES["RPM_DISTRO_TOOLKIT"].edit))]
@@ -577,21 +637,55 @@ def test_build_host_rules_judge_only_targets_with_a_build_to_do() -> None:
     assert quiet == []
 
 
-def test_gcc_14_is_fine_for_cuda_13_and_too_new_for_12_6() -> None:
+def test_gcc_14_is_fine_for_cuda_13_and_12_8_and_too_new_for_12_6() -> None:
     trixie = diagnose(facts_of(load_fixture("debian13_cu130_problem")))
     assert "HOST_COMPILER_TOO_NEW" not in [f.code for f in trixie]
-    finding = only(diagnose(edited("debian13_cu130_problem", set_in("pythons.0.torch.cuda", "12.6"))),
+    # 12.8's crt/host_config.h accepts gcc 14 (tests/unit/groundtruth reads it): no finding.
+    gcc14 = chain(set_in("build.gxx_version", "14.2.0"), set_in("build.gxx_majors", [12, 14]))
+    assert "HOST_COMPILER_TOO_NEW" not in [f.code for f in diagnose(edited("problem_case", gcc14))]
+    finding = only(diagnose(edited("problem_case", chain(gcc14, set_in("pythons.0.torch.cuda", "12.6")))),
                    "HOST_COMPILER_TOO_NEW")
-    assert finding.evidence["gxx_version"] == "14.2.0" and "g++-13" in finding.fix.hint
+    assert finding.evidence["gxx_version"] == "14.2.0" and finding.evidence["newest_gcc"] == 13
+    # The fix is CC/CXX (torch checks the compiler itself before nvcc runs), with the g++-12 installed.
+    assert "CC=/usr/bin/gcc-12 CXX=/usr/bin/g++-12" in finding.fix.hint
+    assert "NVCC_PREPEND_FLAGS" not in finding.fix.hint
+
+
+def test_host_compiler_fix_names_a_package_the_distro_has() -> None:
+    too_new = chain(set_in("build.gxx_version", "14.2.0"), set_in("pythons.0.torch.cuda", "12.6"))
+    bookworm = only(diagnose(edited("problem_case", too_new)), "HOST_COMPILER_TOO_NEW")
+    assert "install g++-12 (in Debian GNU/Linux 12 (bookworm)'s archive)" in bookworm.fix.hint
+    jammy = only(diagnose(edited("apt_trouble", chain(too_new, set_in("build.gxx_version", "14.2.0")))),
+                 "HOST_COMPILER_TOO_NEW")
+    assert "install a g++ <= 13 from the distribution" in jammy.fix.hint
+
+
+def test_an_installed_nvcc_that_refuses_gcc_is_broken_without_a_build_planned() -> None:
+    # healthy: nothing to build or install, torch's 12.8 toolkit is there; a gcc 15 makes it unusable.
+    gcc15 = set_in("build.gxx_version", "15.1.0")
+    finding = only(diagnose(edited("healthy", gcc15)), "HOST_COMPILER_TOO_NEW")
+    assert finding.evidence["nvcc_source"] == "torch's CUDA (installed)"
+
+
+def test_cxx20_needs_gcc_10_from_torch_2_13() -> None:
+    old_gcc = set_in("build.gxx_version", "9.4.0")
+    assert "HOST_COMPILER_TOO_OLD" not in [f.code for f in diagnose(edited("problem_case", old_gcc))]
+    finding = only(diagnose(edited("problem_case", chain(
+        old_gcc, set_in("pythons.0.torch.version", "2.14.1+cu128")))), "HOST_COMPILER_TOO_OLD")
+    assert "C++20" in finding.summary and "install g++-12" in finding.fix.hint
 
 
 def test_a_bare_pip_nvcc_wheel_is_no_toolkit_but_a_complete_one_is() -> None:
-    bare = {"path": "/opt/jax/lib/python3.11/site-packages/nvidia/cuda_nvcc/bin/nvcc", "version": "12.8",
-            "release": "V12.8.93", "complete": False}
-    findings = diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [bare])))
-    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").evidence["torch_cuda"] == "12.8"
+    # The layout NVIDIA's 13.x wheels really have (nvidia/cu13/bin/nvcc; the cu12 ones carry no nvcc at
+    # all, tests/unit/groundtruth): the nvcc wheel alone, without the runtime headers and CCCL, is no toolkit.
+    cu130 = chain(set_in("pythons.0.torch.cuda", "13.0"), set_in("pythons.0.torch.version", "2.14.1+cu130"))
+    bare = {"path": "/opt/jax/lib/python3.11/site-packages/nvidia/cu13/bin/nvcc", "version": "13.0",
+            "release": "V13.0.88", "complete": False}
+    findings = diagnose(edited("problem_case", chain(cu130, set_in("pythons.0.pip_nvcc", [bare]))))
+    assert only(findings, "CUDA_RUNTIME_WITHOUT_TOOLKIT").evidence["torch_cuda"] == "13.0"
     complete = {**bare, "complete": True}
-    codes = [f.code for f in diagnose(edited("problem_case", set_in("pythons.0.pip_nvcc", [complete])))]
+    codes = [f.code for f in diagnose(edited("problem_case", chain(cu130, set_in("pythons.0.pip_nvcc",
+                                                                                [complete]))))]
     assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes
 
 

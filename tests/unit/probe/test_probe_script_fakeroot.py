@@ -502,3 +502,11 @@ def test_wheel_cache_key_facts_without_importing_torch(fakeroot: Path, fakebin: 
     assert facts.torch is not None
     assert (facts.torch.cxx11_abi, facts.torch.python_tag) == (abi, env.python_tag)
     assert facts.torch.libc == env.libc
+
+
+def test_versioned_gxx_beside_the_default(fakeroot: Path, fakebin: FakeBin) -> None:
+    # Debian's g++-N packages install /usr/bin/g++-N: a host compiler nvcc accepts may already be there.
+    for name in ("g++-12", "g++-14", "g++-wrapper", "gcc-13"):
+        write(fakeroot, f"usr/bin/{name}", "#!/bin/sh\n", mode=0o755)
+    write(fakeroot, "usr/bin/g++-9", "not executable\n")
+    assert probe(fakeroot, fakebin).build.gxx_majors == [12, 14]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -42,6 +43,20 @@ def test_one_json_document_and_real_os_facts() -> None:
     assert data["os"]["version_id"] == os_release["VERSION_ID"].strip('"')
     assert data["build"]["cpus"] >= 1
     assert data["build"]["disk_free_mb"]["/"] > 0
+    # The C library and the versioned g++ this machine really has.
+    assert data["build"]["glibc"] == os.confstr("CS_GNU_LIBC_VERSION").split()[1]
+    installed = sorted(int(p.name[4:]) for p in Path("/usr/bin").glob("g++-*") if p.name[4:].isdigit())
+    assert sorted(data["build"]["gxx_majors"]) == installed
+
+
+def test_glibc_from_getconf_else_ldd(fakebin: FakeBin) -> None:
+    fakebin.script("getconf", 'echo "glibc 2.41"\n')
+    assert probe_facts(build_probe_script(), path=str(fakebin.path), hermetic=True).build.glibc == "2.41"
+    fakebin.script("getconf", "exit 1\n")
+    fakebin.script("ldd", 'echo "ldd (Debian GLIBC 2.42-1) 2.42"; echo "Copyright"\n')
+    assert probe_facts(build_probe_script(), path=str(fakebin.path), hermetic=True).build.glibc == "2.42"
+    fakebin.script("ldd", 'echo "musl libc (x86_64)" >&2; exit 1\n')   # musl: no glibc
+    assert probe_facts(build_probe_script(), path=str(fakebin.path), hermetic=True).build.glibc is None
 
 
 @needs_real_nvcc
