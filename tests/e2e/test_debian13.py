@@ -4,8 +4,6 @@ container through the real CLI (sshd + pct), and a second apply changes nothing.
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,12 +11,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import in_ci
-from tests.e2e.conftest import host_args, run_cli
-from tests.lab.aptrepo import DEBIAN13_CUDA_RELEASES, AptRepo, build_repo, serve_repo
+from tests.e2e.conftest import host_args, real_debian13_tree, run_cli
+from tests.lab.aptrepo import AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
-from tests.lab.template import ensure_template
 from tests.lab.torch_stub import install_fla, install_torch
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
@@ -27,23 +23,12 @@ TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
 
 
 @pytest.fixture(scope="session")
-def trixie() -> Path:
-    """The Debian 13 root filesystem (built once per machine by debootstrap, then cached)."""
-    if shutil.which("debootstrap") is None and not os.path.exists("/usr/sbin/debootstrap"):
-        problem = "the Debian 13 template needs debootstrap (apt-get install debootstrap)"
-        if in_ci():
-            pytest.fail(f"CI=true: {problem}", pytrace=False)
-        pytest.skip(problem)
-    return ensure_template("trixie").rootfs
-
-
-@pytest.fixture(scope="session")
 def nvidia_repos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AptRepo]:
     """One server, two trees, keyed the way NVIDIA's are: debian13/x86_64 (CUDA 13.0 only, a key bound
-    with SHA-256) and debian12/x86_64 (12.8 and 12.4, a key bound with SHA-1, which sqv rejects)."""
-    work = tmp_path_factory.mktemp("aptrepo13")
-    debian13 = build_repo(work, cuda_versions=DEBIAN13_CUDA_RELEASES, distro="debian13")
-    debian12 = build_repo(work, distro="debian12", key_binding="sha1")
+    with SHA-256; its nvcc is this machine's real 13.0) and debian12/x86_64 (12.8 and 12.4 stand-ins, a
+    key bound with SHA-1, which sqv rejects)."""
+    debian13 = real_debian13_tree()
+    debian12 = build_repo(tmp_path_factory.mktemp("aptrepo13"), distro="debian12", key_binding="sha1")
     served = serve_repo(debian13, more=[debian12])
     yield served
     served.stop()

@@ -131,8 +131,6 @@ DEFAULT_CUDA_RELEASES: tuple[CudaRelease, ...] = (
     CudaRelease("12.8", "V12.8.93"),
     CudaRelease("12.4", "V12.4.131"),
 )
-# The debian13 tree carries a 13.x line only (docs/testbed.md says why).
-DEBIAN13_CUDA_RELEASES: tuple[CudaRelease, ...] = (CudaRelease("13.0", "V13.0.88"),)
 
 
 # --- package specifications ---------------------------------------------------------------------------
