@@ -32,7 +32,7 @@ from tests.e2e.conftest import CliResult, real_debian13_tree, run_cli, write_inv
 from tests.lab.aptrepo import KEYRING_FILE, REAL_CUDA_13_0, AptRepo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.cli import TINY_EXTENSION_IN_CT, TINY_EXTENSION_SOURCE, add_tiny_extension_source
-from tests.lab.container import Container
+from tests.lab.container import Container, tree_digest
 from tests.lab.realtorch import cache_root
 from tests.lab.template import ensure_template
 from tests.lab.torchlayer import TorchLayer, ensure_torch_layer
@@ -103,6 +103,7 @@ def cuda12_include(version: str) -> Path:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(archive.read(member))
     (dest / ".complete").write_text(" ".join(CUDA12_HEADER_WHEELS[version]))
+    shutil.rmtree(wheels)
     return dest
 
 
@@ -174,10 +175,18 @@ def test_seed_chain_is_fixed_end_to_end_on_debian_13_with_a_real_cu130_torch(
     toolkit, toolkit_s = timed("apply", TOOLKIT, *args, *mirror, "--json")
     assert toolkit.exit_code == 0, toolkit.stdout + toolkit.stderr
     assert toolkit.json()["targets"][0]["status"] == "changed"
+    listed = ct.sh("cat /etc/apt/sources.list.d/cuda-debian13-x86_64.list").stdout.decode()
+    assert f"{real_repo13.base_url}/debian13/x86_64/" in listed
     banner = ct.sh(f"{NVCC} --version").stdout.decode()
     real_banner = subprocess.run([str(REAL_CUDA_13_0 / "bin/nvcc"), "--version"], capture_output=True,
                                  text=True, check=True).stdout
     assert banner == real_banner, "the container's nvcc is not this machine's real one"
+
+    before_build = tree_digest(ct.upper_dir)
+    checked = run_cli("apply", BUILD, *args, *build, "--check", "--json")
+    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    assert checked.json()["targets"][0]["status"] == "would-change"
+    assert tree_digest(ct.upper_dir) == before_build, "check mode changed the container"
 
     built, build_s = timed("apply", BUILD, *args, *build, "--json")
     assert built.exit_code == 0, built.stdout[-3000:] + built.stderr[-3000:]
