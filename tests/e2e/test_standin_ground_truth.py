@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,6 +120,8 @@ CUDA_HOME_CASES = {
     "nvcc on PATH": {"PATH": "{toolkit}/bin"},
     "nothing": {"PATH": "/nonexistent"},
 }
+# torch's logging prefix: level, MMDD HH:MM:SS.micro, pid (torch/_logging); compared without time and pid.
+GLOG_PREFIX = re.compile(r"^W\d{4} \d\d:\d\d:\d\d\.\d{6} \d+ ")
 _FIND_CUDA_HOME = """
 import contextlib, io, json, os, sys
 import torch.utils.cpp_extension as cpp_extension
@@ -155,11 +158,15 @@ def test_torch_stub_finds_cuda_home_as_the_real_torch_does(real_torch: RealTorch
                               timeout=300, env={**os.environ, **env}, check=False)
         assert done.returncode == 0, done.stderr
         result: dict[str, list[object]] = json.loads(done.stdout)
+        for _home, lines in result.values():
+            assert isinstance(lines, list)
+            lines[:] = [GLOG_PREFIX.sub("W<time> <pid> ", line) for line in lines]
         return result
 
     real = run(str(real_torch.python), {})
     stub = run(sys.executable, {"PYTHONPATH": str(site)})
     assert stub == real
     assert real["nvcc on PATH"][0] == str(toolkit)   # the cases do reach each of torch's guesses
-    assert real["CUDA_HOME"] == ["/opt/elsewhere/cuda",
-                                 ["No CUDA runtime is found, using CUDA_HOME='/opt/elsewhere/cuda'"]]
+    assert real["CUDA_HOME"] == ["/opt/elsewhere/cuda", [
+        "W<time> <pid> torch/utils/cpp_extension.py:183] "
+        "No CUDA runtime is found, using CUDA_HOME='/opt/elsewhere/cuda'"]]

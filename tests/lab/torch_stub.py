@@ -17,7 +17,8 @@ to the real artifacts):
 * `torch.cuda.is_available()` False: what the real torch 2.14.1 returns on this GPU-less machine.
 * `CUDA_HOME`: `_find_cuda_home()` of torch 2.14.1's torch/utils/cpp_extension.py (CUDA_HOME, then
   CUDA_PATH, then dirname(dirname(which nvcc)), then /usr/local/cuda if it exists; the "No CUDA runtime is
-  found" warning when torch.cuda is not available), evaluated only for a CUDA build, as line 364 there does.
+  found" warning, in torch's logging format, when torch.cuda is not available), evaluated only for a CUDA
+  build, as line 364 there does.
 * dist-info: pip's layout (PEP 376 RECORD with urlsafe-base64 SHA-256 digests, PEP 427 WHEEL).
 * causal_conv1d: Dao-AILab/causal-conv1d's causal_conv1d/causal_conv1d_interface.py has a top-level
   `import causal_conv1d_cuda`, so importing the package fails without the compiled module.
@@ -68,6 +69,7 @@ def get_arch_list():
 '''
 
 _CPP_EXTENSION = '''"""What a probe reads from torch.utils.cpp_extension: CUDA_HOME, found as PyTorch does."""
+import datetime
 import os
 import shutil
 import sys
@@ -86,7 +88,10 @@ def _find_cuda_home():
             if not os.path.exists(cuda_home):
                 cuda_home = None
     if cuda_home and not torch.cuda.is_available():
-        print(f"No CUDA runtime is found, using CUDA_HOME='{cuda_home}'", file=sys.stderr)
+        # torch's own logging format (glog-like: level, MMDD time, pid, file:line of the real call).
+        now = datetime.datetime.now()
+        print(f"W{now:%m%d %H:%M:%S.%f} {os.getpid()} torch/utils/cpp_extension.py:183] "
+              f"No CUDA runtime is found, using CUDA_HOME='{cuda_home}'", file=sys.stderr)
     return cuda_home
 
 
