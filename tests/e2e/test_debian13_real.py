@@ -35,6 +35,7 @@ from tests.lab.cli import TINY_EXTENSION_IN_CT, TINY_EXTENSION_SOURCE, add_tiny_
 from tests.lab.container import Container, tree_digest
 from tests.lab.realtorch import cache_root
 from tests.lab.template import ensure_template
+from tests.lab.torch_stub import install_fla
 from tests.lab.torchlayer import TorchLayer, ensure_torch_layer
 
 pytestmark = [pytest.mark.slow]
@@ -155,6 +156,9 @@ def test_seed_chain_is_fixed_end_to_end_on_debian_13_with_a_real_cu130_torch(
     tmp_path: Path,
 ) -> None:
     ct = make_ct(template=torch_layer.layers)
+    # The seed's fla beside torch (the stand-in: pure Python importing torch). The extension built is the
+    # tiny one: causal-conv1d's full build takes ~1.5 h on 2 cores (test_build_extensions.py, opt-in).
+    install_fla(ct, site=f"{torch_layer.venv}/lib/python3.13/site-packages")
     add_tiny_extension_source(ct)
     inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(ct.ctid, {"python": torch_layer.python})])
     args = ["-i", str(inventory), "--state-dir", str(tmp_path / "state")]
@@ -171,6 +175,8 @@ def test_seed_chain_is_fixed_end_to_end_on_debian_13_with_a_real_cu130_torch(
     assert not {"PYTHON_HEADERS_MISSING", "HOST_COMPILER_TOO_NEW"} & codes(before), before["findings"]
     fix = next(f["fix"] for f in before["findings"] if f["code"] == "CUDA_RUNTIME_WITHOUT_TOOLKIT")
     assert (fix["playbook"], fix["vars"]) == (TOOLKIT, {"cuda_version": "13.0"})
+    missing = next(f for f in before["findings"] if f["code"] == "EXTENSION_MISSING")
+    assert (missing["evidence"]["extension"], missing["fix"]["playbook"]) == ("causal_conv1d", BUILD), missing
 
     toolkit, toolkit_s = timed("apply", TOOLKIT, *args, *mirror, "--json")
     assert toolkit.exit_code == 0, toolkit.stdout + toolkit.stderr
