@@ -1,7 +1,7 @@
 """Debian 13 with nothing standing in for the toolchain: the real nvcc 13.0 (this machine's
 /usr/local/cuda-13.0, installed by apt from the test bed's debian13 tree), trixie's real gcc 14 and glibc
 2.41, the real torch 2.14.1 (CUDA 13.0 build) for trixie's python 3.13 (tests/lab/torchlayer.py), and
-NVIDIA's real CUDA 12.8 and 12.9 headers from their PyPI wheels.
+NVIDIA's real CUDA 12.4, 12.6, 12.8 and 12.9 headers from their PyPI wheels.
 
 * The seed's chain on trixie: torch cu130 without nvcc and without NVIDIA's repository, fixed by
   cuda-toolkit.yaml and then build-extensions.yaml (a real one-kernel extension), and a second apply of
@@ -9,12 +9,16 @@ NVIDIA's real CUDA 12.8 and 12.9 headers from their PyPI wheels.
 * Ground truth for glibc 2.41 against CUDA 12.x headers: NVIDIA's 12.8/12.9 crt/math_functions.h declare
   cospi, sinpi, cospif and sinpif without the exception specification glibc 2.41's <math.h> gives them, so
   every .cu translation unit fails on Debian 13; the same headers compile on Debian 12 (glibc 2.36), and
-  13.0's headers (their __NV_GLIBC_PROVIDES_IEC_60559_FUNCS guard) compile on Debian 13.
+  13.0's headers (their __NV_GLIBC_PROVIDES_IEC_60559_FUNCS guard) compile on Debian 13. 12.4's and
+  12.6's crt/host_config.h stop at gcc 14 before that (`gcc versions later than 13 are not supported!`).
+  NVIDIA's cu12 wheels have no nvcc, so their headers go through the real nvcc 13.0 (-I first): the text
+  that fails is NVIDIA's 12.x header against Debian's glibc and gcc, as it is for a 12.x nvcc.
 """
 
 from __future__ import annotations
 
 import io
+import itertools
 import re
 import shutil
 import subprocess
@@ -28,6 +32,7 @@ from typing import Any
 
 import pytest
 
+from fleetfix.probe.rules.tables import MAX_GCC_FOR_NVCC
 from tests.e2e.conftest import CliResult, real_debian13_tree, run_cli, write_inventory
 from tests.lab.aptrepo import KEYRING_FILE, REAL_CUDA_13_0, AptRepo, serve_repo
 from tests.lab.bed import Lab
@@ -49,9 +54,15 @@ NVCC = "/usr/local/cuda-13.0/bin/nvcc"
 # NVIDIA's last wheels of each 12.x line (pip index versions, 2026-12): crt/ is in the nvcc wheel,
 # cuda_runtime.h and the rest of include/ in the runtime wheel. Neither wheel has an nvcc binary.
 CUDA12_HEADER_WHEELS = {
+    "12.4": ("nvidia-cuda-nvcc-cu12==12.4.131", "nvidia-cuda-runtime-cu12==12.4.127"),
+    "12.6": ("nvidia-cuda-nvcc-cu12==12.6.85", "nvidia-cuda-runtime-cu12==12.6.77"),
     "12.8": ("nvidia-cuda-nvcc-cu12==12.8.93", "nvidia-cuda-runtime-cu12==12.8.90"),
     "12.9": ("nvidia-cuda-nvcc-cu12==12.9.86", "nvidia-cuda-runtime-cu12==12.9.79"),
 }
+# What each release's crt/host_config.h accepts (`#if __GNUC__ > N` before its #error), as read in those
+# wheels and in /usr/local/cuda-13.0; test_newest_gcc_table_agrees_with_nvidias_host_config_headers reads
+# them again.
+HOST_CONFIG_NEWEST_GCC = {"12.4": 13, "12.6": 13, "12.8": 14, "12.9": 14, "13.0": 15}
 # A .cu file needs no kernel to fail: nvcc force-includes cuda_runtime.h, which reaches crt/math_functions.h.
 VERSION_CU = '#include <cstdio>\nint main() { std::printf("%d\\n", CUDART_VERSION); return 0; }\n'
 # What glibc 2.41 declares noexcept and NVIDIA's 12.x headers do not (mathcalls.h lines 79 and 81 on trixie).
@@ -218,44 +229,81 @@ def test_seed_chain_is_fixed_end_to_end_on_debian_13_with_a_real_cu130_torch(
         assert (target["status"], target["counts"]["changed"]) == ("ok", 0), (playbook, target)
 
 
-@pytest.mark.timeout(900)
-def test_glibc_2_41_rejects_cuda_12_math_headers_that_glibc_2_36_accepts_and_13_0_compiles(
-    make_ct: Callable[..., Container], trixie: Path, real_repo13: AptRepo, tmp_path: Path,
-) -> None:
-    ct = make_ct(template=trixie)
-    install_real_toolkit_by_apt(ct, real_repo13)
-    versions = ct.sh("ldd --version | head -n 1; g++ -dumpfullversion").stdout.decode().split("\n")
-    assert versions[0].endswith(" 2.41") and versions[1].startswith("14."), versions
-    ct.write_file("/root/ver.cu", VERSION_CU)
+@pytest.fixture(scope="module")
+def trixie_nvcc(lab: Lab, trixie: Path, real_repo13: AptRepo) -> Iterator[Container]:
+    """A Debian 13 container with the real nvcc 13.0 installed by apt, shared by the compile tests."""
+    state = lab.node(None).state
+    ctid = next(i for i in itertools.count(900) if state.id_owner(i) is None)
+    ct = lab.add_container(None, ctid, template=trixie)
+    try:
+        install_real_toolkit_by_apt(ct, real_repo13)
+        versions = ct.sh("ldd --version | head -n 1; g++ -dumpfullversion").stdout.decode().split("\n")
+        assert versions[0].endswith(" 2.41") and versions[1].startswith("14."), versions
+        ct.write_file("/root/ver.cu", VERSION_CU)
+        yield ct
+    finally:
+        ct.destroy()
 
-    # CUDA 13.0's own headers on glibc 2.41: a real kernel file and the version probe compile and link.
+
+@pytest.mark.timeout(600)
+def test_cuda_13_0_compiles_a_real_kernel_with_gcc_14_and_glibc_2_41(trixie_nvcc: Container) -> None:
+    # 13.0's own headers (their __NV_GLIBC_PROVIDES_IEC_60559_FUNCS guard) on glibc 2.41.
+    ct = trixie_nvcc
     ct.write_file("/root/add_one.cu", (TINY_EXTENSION_SOURCE / "csrc" / "add_one.cu").read_bytes())
     ct.sh(f"cd /root && {NVCC} -c -O2 -gencode arch=compute_90,code=sm_90 add_one.cu -o add_one.o "
           f"&& {NVCC} ver.cu -o ver13", timeout=300)
     assert ct.sh("/root/ver13").stdout.decode().strip() == "13000"
     assert device_archs(ct, "/root/add_one.o") == ["sm_90"]
 
-    host_source = tmp_path / "ver.cu"
-    host_source.write_text(VERSION_CU)
-    for version, (nvcc_wheel, runtime_wheel) in CUDA12_HEADER_WHEELS.items():
-        include = cuda12_include(version)
-        major, minor = (int(part) for part in version.split("."))
-        expected = str(major * 1000 + minor * 10)   # CUDART_VERSION: 12080, 12090
-        # Debian 12 (this machine: glibc 2.36): the 12.x headers compile, and they are what was compiled.
-        binary = tmp_path / f"ver{version}"
-        host = subprocess.run([str(REAL_CUDA_13_0 / "bin/nvcc"), f"-I{include}", str(host_source), "-o",
-                               str(binary)], capture_output=True, text=True, timeout=300, check=False)
-        assert host.returncode == 0, host.stderr
-        assert subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.strip() == \
-            expected
 
-        # Debian 13 (glibc 2.41): the same compile fails in NVIDIA's crt/math_functions.h.
-        copy_tree_into(ct, include, f"/opt/cuda-{version}-include")
-        failed = ct.sh(f"cd /root && {NVCC} -I/opt/cuda-{version}-include ver.cu -o ver{version}",
-                       check=False, timeout=300)
-        output = failed.stdout.decode() + failed.stderr.decode()
-        assert failed.returncode != 0, output
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("version", sorted(CUDA12_HEADER_WHEELS))
+def test_cuda_12_headers_that_debian_12_compiles_fail_on_debian_13(
+    trixie_nvcc: Container, version: str, tmp_path: Path,
+) -> None:
+    include = cuda12_include(version)
+    major, minor = (int(part) for part in version.split("."))
+    # Debian 12 (this machine: glibc 2.36, gcc 12): the 12.x headers compile, and they are what was
+    # compiled: the binary prints their CUDART_VERSION (12040 ... 12090).
+    source, binary = tmp_path / "ver.cu", tmp_path / "ver"
+    source.write_text(VERSION_CU)
+    host = subprocess.run([str(REAL_CUDA_13_0 / "bin/nvcc"), f"-I{include}", str(source), "-o", str(binary)],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert host.returncode == 0, host.stderr
+    printed = subprocess.run([str(binary)], capture_output=True, text=True, check=True).stdout.strip()
+    assert printed == str(major * 1000 + minor * 10)
+
+    # Debian 13 (glibc 2.41, gcc 14): the same compile fails, in NVIDIA's headers.
+    ct = trixie_nvcc
+    copy_tree_into(ct, include, f"/opt/cuda-{version}-include")
+    failed = ct.sh(f"cd /root && {NVCC} -I/opt/cuda-{version}-include ver.cu -o ver{version}",
+                   check=False, timeout=300)
+    output = failed.stdout.decode() + failed.stderr.decode()
+    assert failed.returncode != 0, output
+    newest_gcc = HOST_CONFIG_NEWEST_GCC[version]
+    if newest_gcc < 14:
+        # crt/host_config.h stops gcc 14 before any glibc header is read.
+        assert f"error -- unsupported GNU version! gcc versions later than {newest_gcc} are not supported!" \
+            in output, output
+        assert "exception specification" not in output
+    else:
         clashes = re.findall(r'bits/mathcalls\.h\(\d+\): error: exception specification is incompatible with '
                              r'that of previous function "(\w+)" \(declared at line \d+ of '
                              rf"/opt/cuda-{re.escape(version)}-include/crt/math_functions\.h\)", output)
-        assert sorted(clashes) == sorted(GLIBC_241_CLASHES), (nvcc_wheel, runtime_wheel, output)
+        assert sorted(clashes) == sorted(GLIBC_241_CLASHES), (CUDA12_HEADER_WHEELS[version], output)
+
+
+def test_newest_gcc_table_agrees_with_nvidias_host_config_headers() -> None:
+    # The rule table (fleetfix/probe/rules/tables.py) against the `#if __GNUC__ > N` that precedes the
+    # "unsupported GNU version" #error in each real crt/host_config.h: a version the table encodes must
+    # say what NVIDIA's header says.
+    headers = {version: cuda12_include(version) / "crt/host_config.h" for version in CUDA12_HEADER_WHEELS}
+    headers["13.0"] = REAL_CUDA_13_0 / "include/crt/host_config.h"
+    for version, header in headers.items():
+        found = re.search(r"#if __GNUC__ > (\d+)\s*\n\s*#error -- unsupported GNU version! "
+                          r"gcc versions later than (\d+)", header.read_text())
+        assert found and found.group(1) == found.group(2), header
+        newest = int(found.group(1))
+        assert HOST_CONFIG_NEWEST_GCC[version] == newest, (version, newest)
+        major, minor = (int(part) for part in version.split("."))
+        assert MAX_GCC_FOR_NVCC.get((major, minor), newest) == newest, (version, newest)
