@@ -168,7 +168,7 @@ def test_seed_chain_is_fixed_end_to_end_on_debian_13_with_a_real_cu130_torch(
 ) -> None:
     ct = make_ct(template=torch_layer.layers)
     # The seed's fla beside torch (the stand-in: pure Python importing torch). The extension built is the
-    # tiny one: causal-conv1d's full build takes ~1.5 h on 2 cores (test_build_extensions.py, opt-in).
+    # tiny one; causal-conv1d's full build is test_build_extensions.py's opt-in test (docs/testbed.md).
     install_fla(ct, site=f"{torch_layer.venv}/lib/python3.13/site-packages")
     add_tiny_extension_source(ct)
     inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(ct.ctid, {"python": torch_layer.python})])
