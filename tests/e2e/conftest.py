@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -14,8 +15,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.lab.aptrepo import AptRepo, build_repo, serve_repo
+from tests.conftest import in_ci
+from tests.lab.aptrepo import REAL_CUDA_13_0, AptRepo, BuiltRepo, build_repo, serve_repo
 from tests.lab.bed import Lab, LabNode
+from tests.lab.realtorch import cache_root
+from tests.lab.template import ensure_template
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -69,3 +73,28 @@ def apt_repo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AptRepo]:
     served = serve_repo(build_repo(tmp_path_factory.mktemp("aptrepo")))
     yield served
     served.stop()
+
+
+# --- Debian 13 (trixie): tests/e2e/test_debian13.py and test_debian13_real.py -------------------------
+
+def real_debian13_tree() -> BuiltRepo:
+    """NVIDIA's debian13/x86_64 tree as the test bed serves it: CUDA 13.0 only, its cuda-nvcc-13-0,
+    cuda-cudart-dev-13-0 and cuda-cccl-13-0 carrying this machine's real /usr/local/cuda-13.0 (built once
+    per machine under $FLEETFIX_TEST_CACHE/aptrepo)."""
+    if not (REAL_CUDA_13_0 / "bin" / "nvcc").is_file():
+        problem = f"{REAL_CUDA_13_0}/bin/nvcc is missing: the Debian 13 toolkit tests install the real one"
+        if in_ci():
+            pytest.fail(f"CI=true: {problem}", pytrace=False)
+        pytest.skip(problem)
+    return build_repo(cache_root() / "aptrepo", cuda_versions=(), distro="debian13", real_13_0=True)
+
+
+@pytest.fixture(scope="session")
+def trixie() -> Path:
+    """The Debian 13 root filesystem (built once per machine by debootstrap, then cached)."""
+    if shutil.which("debootstrap") is None and not os.path.exists("/usr/sbin/debootstrap"):
+        problem = "the Debian 13 template needs debootstrap (apt-get install debootstrap)"
+        if in_ci():
+            pytest.fail(f"CI=true: {problem}", pytrace=False)
+        pytest.skip(problem)
+    return ensure_template("trixie").rootfs

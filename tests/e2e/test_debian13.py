@@ -1,24 +1,20 @@
 """Debian 13 (trixie) containers built from Debian's own packages: apt 3 with sqv, deb822 sources and
-gcc 14 are real here. Issue 17's "done when": cuda-toolkit.yaml fixes the seed's problem on such a
-container through the real CLI (sshd + pct), and a second apply changes nothing."""
+gcc 14 are real here, and the toolkit the debian13 tree serves is this machine's real nvcc 13.0. The
+seed's problem fixed end to end on such a container (with the real cu130 torch, the real extension build
+and a second apply that changes nothing) is in test_debian13_real.py."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import in_ci
-from tests.e2e.conftest import host_args, run_cli
-from tests.lab.aptrepo import DEBIAN13_CUDA_RELEASES, AptRepo, build_repo, serve_repo
+from tests.e2e.conftest import host_args, real_debian13_tree, run_cli
+from tests.lab.aptrepo import AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
-from tests.lab.template import ensure_template
 from tests.lab.torch_stub import install_fla, install_torch
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
@@ -27,23 +23,12 @@ TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
 
 
 @pytest.fixture(scope="session")
-def trixie() -> Path:
-    """The Debian 13 root filesystem (built once per machine by debootstrap, then cached)."""
-    if shutil.which("debootstrap") is None and not os.path.exists("/usr/sbin/debootstrap"):
-        problem = "the Debian 13 template needs debootstrap (apt-get install debootstrap)"
-        if in_ci():
-            pytest.fail(f"CI=true: {problem}", pytrace=False)
-        pytest.skip(problem)
-    return ensure_template("trixie").rootfs
-
-
-@pytest.fixture(scope="session")
 def nvidia_repos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AptRepo]:
     """One server, two trees, keyed the way NVIDIA's are: debian13/x86_64 (CUDA 13.0 only, a key bound
-    with SHA-256) and debian12/x86_64 (12.8 and 12.4, a key bound with SHA-1, which sqv rejects)."""
-    work = tmp_path_factory.mktemp("aptrepo13")
-    debian13 = build_repo(work, cuda_versions=DEBIAN13_CUDA_RELEASES, distro="debian13")
-    debian12 = build_repo(work, distro="debian12", key_binding="sha1")
+    with SHA-256; its nvcc is this machine's real 13.0) and debian12/x86_64 (12.8 and 12.4 stand-ins, a
+    key bound with SHA-1, which sqv rejects)."""
+    debian13 = real_debian13_tree()
+    debian12 = build_repo(tmp_path_factory.mktemp("aptrepo13"), distro="debian12", key_binding="sha1")
     served = serve_repo(debian13, more=[debian12])
     yield served
     served.stop()
@@ -108,9 +93,11 @@ def test_deb822_sources_are_what_apt_3_reads_and_what_the_probe_parses(
     assert "APT_SHA1_KEY_REJECTED" not in codes(report)
 
 
-def test_cuda_toolkit_playbook_fixes_the_seed_problem_on_debian_13(
+def test_the_seed_problem_on_debian_13_is_diagnosed_and_check_mode_changes_nothing(
     lab: Lab, make_ct: Callable[..., Container], trixie: Path, nvidia_repos: AptRepo, tmp_path: Path,
 ) -> None:
+    # The fix itself (apply, the real extension build, a second apply) runs with the real cu130 torch:
+    # test_debian13_real.py::test_seed_chain_is_fixed_end_to_end_on_debian_13_with_a_real_cu130_torch.
     ct = make_ct(template=trixie, setup=seed_problem("13.0", "2.14.1+cu130"))
     attempt = ct.sh("apt-get install -y cuda-nvcc-13-0", check=False)
     assert attempt.returncode == 100
@@ -132,26 +119,8 @@ def test_cuda_toolkit_playbook_fixes_the_seed_problem_on_debian_13(
     before = tree_digest(ct.upper_dir)
     checked = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--check", "--json")
     assert checked.exit_code == 0, checked.stdout + checked.stderr
+    assert checked.json()["targets"][0]["status"] == "would-change"
     assert tree_digest(ct.upper_dir) == before, "check mode changed the container"
-
-    started = time.monotonic()
-    applied = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json")
-    print(f"debian13 apply: {time.monotonic() - started:.1f}s")
-    assert applied.exit_code == 0, applied.stdout + applied.stderr
-    [target] = applied.json()["targets"]
-    assert target["status"] == "changed"
-    banner = ct.sh("/usr/local/cuda-13.0/bin/nvcc --version").stdout.decode()
-    assert "release 13.0, V13.0.88" in banner
-    listed = ct.sh("cat /etc/apt/sources.list.d/cuda-debian13-x86_64.list").stdout.decode()
-    assert f"{nvidia_repos.base_url}/debian13/x86_64/" in listed
-
-    [after] = run_cli("probe", *targets, "--json").json()["targets"]
-    assert not TOOLKIT_CODES & set(codes(after)), after["findings"]
-
-    again = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json")
-    assert again.exit_code == 0
-    [target] = again.json()["targets"]
-    assert (target["status"], target["counts"]["changed"]) == ("ok", 0), target
 
 
 def test_a_cuda_the_debian13_repository_lacks_is_refused_before_anything_changes(

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the package contents or layout change, so stale caches are not reused.
-_CACHE_SCHEMA = 5
+_CACHE_SCHEMA = 6
 # Fixed timestamp for reproducible .debs (dpkg-deb clamps tar mtimes and stamps the ar header with it).
 _SOURCE_DATE_EPOCH = "1735689600"  # 2025-01-01T00:00:00Z
 _KEYRING_NAME = "cuda-keyring"
@@ -65,8 +65,13 @@ Pin: release l=NVIDIA CUDA
 Pin-Priority: 600
 """
 # Real nvcc banners for the default releases: (copyright years, "Built on" stamp, compiler build id).
+# Copyright years, the release line and the build id are what NVIDIA's ptxas of the same release prints
+# (nvidia-cuda-nvcc-cu12 12.8.93 and 12.4.131 wheels; nvcc and ptxas share them, as 13.0's do) and are
+# checked against those wheels by tests/e2e/test_standin_ground_truth.py. The "Built on" stamps of 12.x are
+# nvcc's own (ptxas's differ by seconds) and come from `nvcc -V` output quoted in public READMEs (GitHub
+# code search, several independent repositories each); no test can reach a real 12.x nvcc here.
 _KNOWN_NVCC_BANNERS: dict[str, tuple[str, str, str]] = {
-    "V12.8.93": ("2005-2025", "Fri_Feb_21_20:23:59_PST_2025", "cuda_12.8.r12.8/compiler.35583870_0"),
+    "V12.8.93": ("2005-2025", "Fri_Feb_21_20:23:50_PST_2025", "cuda_12.8.r12.8/compiler.35583870_0"),
     "V12.4.131": ("2005-2024", "Thu_Mar_28_02:18:24_PDT_2024", "cuda_12.4.r12.4/compiler.34097967_0"),
     # What this machine's real /usr/local/cuda-13.0/bin/nvcc prints.
     "V13.0.88": ("2005-2025", "Wed_Aug_20_01:58:59_PM_PDT_2025", "cuda_13.0.r13.0/compiler.36424714_0"),
@@ -131,8 +136,6 @@ DEFAULT_CUDA_RELEASES: tuple[CudaRelease, ...] = (
     CudaRelease("12.8", "V12.8.93"),
     CudaRelease("12.4", "V12.4.131"),
 )
-# The debian13 tree carries a 13.x line only (docs/testbed.md says why).
-DEBIAN13_CUDA_RELEASES: tuple[CudaRelease, ...] = (CudaRelease("13.0", "V13.0.88"),)
 
 
 # --- package specifications ---------------------------------------------------------------------------
@@ -195,8 +198,10 @@ def _text(data: str, mode: int = 0o644) -> FileContent:
     return FileContent(data.encode(), mode)
 
 
-def _nvcc_script(release: CudaRelease) -> FileContent:
+def nvcc_stand_in_script(release: CudaRelease) -> FileContent:
     # Same banner and exit codes as the real driver; anything but a version query fails, as a dummy must.
+    # Sources: the banner, above; "nvcc fatal   : No input files specified; use option --help for more
+    # information" and exit 1 are what the real nvcc 13.0 of this machine prints with no argument.
     return _text(
         "#!/bin/sh\n"
         "# fleetfix test bed: stand-in for NVIDIA's nvcc (prints the real banner, compiles nothing)\n"
@@ -228,7 +233,13 @@ def _header(name: str, release: CudaRelease) -> FileContent:
 
 
 def toolkit_specs(release: CudaRelease, deb_arch: str) -> list[DebSpec]:
-    """The minimal-build package set of one CUDA release (DOMAIN 2.1/2.3), plus its meta-packages."""
+    """The minimal-build package set of one CUDA release (DOMAIN 2.1/2.3), plus its meta-packages.
+
+    Stand-ins (docs/testbed.md): the package names follow NVIDIA's pattern as DOMAIN.md 2.1 gives it,
+    the meta-packages and cuda-X-Y's pull of cuda-drivers as 2.2 and 5.3 do; the deb version (V12.8.93 ->
+    12.8.93-1), the sections and the other Depends are ours, not read from NVIDIA's Packages index. The
+    install prefix /usr/local/cuda-X.Y and libcudart.so.MAJOR are those of the real 13.0 files
+    (real_13_0_specs). Payloads are placeholders: only nvcc --version and the files' paths are real."""
     d, v, p = release.dashed, release.deb_version, release.prefix
     major = release.version.split(".")[0]
     lib_real = f"libcudart.so.{release.release[1:]}"
@@ -238,7 +249,7 @@ def toolkit_specs(release: CudaRelease, deb_arch: str) -> list[DebSpec]:
             v,
             deb_arch,
             f"CUDA nvcc {release.version}",
-            {f"{p}/bin/nvcc": _nvcc_script(release)},
+            {f"{p}/bin/nvcc": nvcc_stand_in_script(release)},
             # Real cuda-nvcc also Depends: build-essential; left out because containers have no Debian mirror.
             depends=(f"cuda-cccl-{d}",),
         ),
@@ -333,7 +344,10 @@ def toolkit_specs(release: CudaRelease, deb_arch: str) -> list[DebSpec]:
 
 
 def driver_specs(deb_arch: str) -> list[DebSpec]:
-    """Driver packages that exist in NVIDIA's repo and must never be installed in a GPU LXC (DOMAIN 5.3)."""
+    """Driver packages that exist in NVIDIA's repo and must never be installed in a GPU LXC (DOMAIN 5.3).
+    Stand-ins: the names (cuda-drivers, nvidia-driver-N) as DOMAIN.md 1.3 and 5.3 name NVIDIA's; the
+    version number and the cuda-drivers -> nvidia-driver-570 dependency are not checked against NVIDIA's
+    index, and the payload is a placeholder."""
     return [
         DebSpec(
             "nvidia-driver-570",
@@ -409,7 +423,9 @@ def real_13_0_specs(source: Path = REAL_CUDA_13_0) -> list[DebSpec]:
 
 
 def keyring_spec(public_key: bytes, base_url: str, distro: str, arch: str) -> DebSpec:
-    """NVIDIA's cuda-keyring 1.1-1: the archive key, the source .list for BASE, and the priority-600 pin."""
+    """NVIDIA's cuda-keyring 1.1-1: the archive key, the source .list for BASE, and the priority-600 pin.
+    Stand-in: the file paths and the .list line are those of NVIDIA's cuda-keyring_1.1-1_all.deb as
+    DOMAIN.md section 1 lists them; the key is a throwaway one of ours (NVIDIA's private key is not)."""
     repo_url = f"{base_url.rstrip('/')}/{distro}/{arch}/"
     return DebSpec(
         _KEYRING_NAME,

@@ -146,12 +146,13 @@ class Lab:
         tags: Iterable[str] = (),
         setup: ContainerSetup | None = None,
         config: dict[str, str] | None = None,
-        template: Path | None = None,
+        template: Path | tuple[Path, ...] | None = None,
         share: tuple[str, ...] = (),
     ) -> Container:
         """Create (and by default start) CT ctid on node. setup: a callable(ct) or a sh script run inside
         the running container before it is handed over (a stopped CT is started for it, then stopped).
-        template: a root filesystem (tests/lab/template.py) instead of an overlay of this machine's /.
+        template: a root filesystem (tests/lab/template.py) instead of an overlay of this machine's /, or a
+        stack of layers over one, top first (tests/lab/realtorch.py's torch layer over the Debian 13 tree).
         share: host paths the container sees although they are hidden by default (the real-torch venv)."""
         state = self.node(node).state
         ct = state.create_container(ctid, hostname=name, tags=tuple(tags), extra_config=config,

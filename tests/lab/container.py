@@ -18,7 +18,9 @@ directories = the ``trusted.overlay.opaque`` xattr): no apt sources, no apt list
 A container made from a template (``create_container(..., template=ROOTFS)``, e.g. the Debian 13 tree of
 ``tests/lab/template.py``) uses that directory as its lower layer instead of this machine's /; the template
 is hermetic already, so its upper dir starts with only the hostname. The template's path is kept in
-``<ct dir>/lower``.
+``<ct dir>/lower``. A template may be a stack of layers, top first (``template=(LAYER, ROOTFS)``: e.g. the
+real cu130 torch venv of ``tests/lab/realtorch.py`` built once on top of the Debian 13 tree); they become the
+overlay's ``lowerdir=LAYER:ROOTFS``, read-only like a single template.
 
 This module is imported both by the test suite (``tests.lab.container``) and by the ``pct`` stand-in, which
 runs it with the node's ``/usr/bin/python3`` (Debian's 3.11): standard library only.
@@ -226,12 +228,18 @@ class Container:
         return self.node.dir / self.conf_subdir / f"{self.ctid}.conf"
 
     @property
-    def lower_dir(self) -> Path:
-        """The overlay's read-only layer: a template's root filesystem, or this machine's /."""
+    def lower_layers(self) -> tuple[Path, ...]:
+        """The overlay's read-only layers, top first: a template's (one or more), or this machine's /."""
         try:
-            return Path((self.dir / "lower").read_text().strip())
+            lines = (self.dir / "lower").read_text().split()
         except FileNotFoundError:
-            return Path("/")
+            return (Path("/"),)
+        return tuple(Path(line) for line in lines)
+
+    @property
+    def lower_dir(self) -> Path:
+        """The overlay's bottom layer: a template's root filesystem, or this machine's /."""
+        return self.lower_layers[-1]
 
     @property
     def _run_file(self) -> Path:
@@ -317,7 +325,7 @@ class Container:
             str(self.work_dir),
             str(self.mount_point),
             self.hostname,
-            str(self.lower_dir),
+            ":".join(str(layer) for layer in self.lower_layers),
         ]
         deadline = time.monotonic() + timeout
         while True:
@@ -550,11 +558,12 @@ class NodeState:
         hostname: str | None = None,
         tags: tuple[str, ...] = (),
         extra_config: dict[str, str] | None = None,
-        template: Path | None = None,
+        template: Path | tuple[Path, ...] | None = None,
         share: tuple[str, ...] = (),
     ) -> Container:
-        """A stopped container; `template` is a root filesystem to use instead of this machine's /;
-        `share` names host paths normally hidden (the real-torch venv) that this container sees."""
+        """A stopped container; `template` is a root filesystem to use instead of this machine's / (or a
+        stack of layers over one, top first); `share` names host paths normally hidden (the real-torch
+        venv) that this container sees."""
         ct = Container(self, ctid)
         owner = self.id_owner(ctid)
         if owner is not None:
@@ -566,9 +575,14 @@ class NodeState:
         if template is None:
             seed_hermetic_upper(ct.upper_dir, hostname, share=share)
         else:
-            if not any((template / path).exists() for path in ("etc/os-release", "usr/lib/os-release")):
-                raise ContainerError(f"{template} is not a root filesystem (no os-release)")
-            (ct.dir / "lower").write_text(f"{template}\n")
+            layers = (template,) if isinstance(template, Path) else template
+            rootfs = layers[-1]
+            if not any((rootfs / path).exists() for path in ("etc/os-release", "usr/lib/os-release")):
+                raise ContainerError(f"{rootfs} is not a root filesystem (no os-release)")
+            for layer in layers:
+                if not layer.is_dir() or ":" in str(layer) or any(c.isspace() for c in str(layer)):
+                    raise ContainerError(f"{layer}: not a directory usable as an overlay layer")
+            (ct.dir / "lower").write_text("".join(f"{layer}\n" for layer in layers))
             ct.upper_dir.mkdir()
             (ct.upper_dir / "etc").mkdir()
             (ct.upper_dir / "etc/hostname").write_text(f"{hostname}\n")

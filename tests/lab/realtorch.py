@@ -70,7 +70,7 @@ def venv_path(version: str = REAL_TORCH_VERSION, root: Path | None = None) -> Pa
 
 
 @contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def file_lock(path: Path) -> Iterator[None]:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
@@ -93,7 +93,7 @@ def ensure_real_torch(
     """The venv with torch==VERSION (+ extension build requirements), built now if this machine lacks it."""
     venv = venv_path(version, root)
     marker = venv / _MARKER
-    with _locked(venv.parent / f".{venv.name}.lock"):
+    with file_lock(venv.parent / f".{venv.name}.lock"):
         if marker.is_file():
             return RealTorch(venv, version, REAL_TORCH_CUDA, float(marker.read_text() or 0), True)
         shutil.rmtree(venv, ignore_errors=True)  # a build that was killed half way

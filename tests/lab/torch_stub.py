@@ -9,6 +9,20 @@ difference between `import causal_conv1d` working and failing with ModuleNotFoun
 
 Everything goes to Debian's /usr/bin/python3 (3.11) path `/usr/local/lib/python3.11/dist-packages` by
 default; pass `site=` for a venv.
+
+Where each imitated behaviour comes from (docs/testbed.md's stand-in table names the tests that hold them
+to the real artifacts):
+* torch/version.py's names: the real torch 2.14.1 wheel's version.py (`__all__ = ['__version__', 'debug',
+  'cuda', 'git_version', 'hip', 'rocm', 'xpu']`; the test bed's real venv, tests/lab/realtorch.py).
+* `torch.cuda.is_available()` False: what the real torch 2.14.1 returns on this GPU-less machine.
+* `CUDA_HOME`: `_find_cuda_home()` of torch 2.14.1's torch/utils/cpp_extension.py (CUDA_HOME, then
+  CUDA_PATH, then dirname(dirname(which nvcc)), then /usr/local/cuda if it exists; the "No CUDA runtime is
+  found" warning, in torch's logging format, when torch.cuda is not available), evaluated only for a CUDA
+  build, as line 364 there does.
+* dist-info: pip's layout (PEP 376 RECORD with urlsafe-base64 SHA-256 digests, PEP 427 WHEEL).
+* causal_conv1d: Dao-AILab/causal-conv1d's causal_conv1d/causal_conv1d_interface.py has a top-level
+  `import causal_conv1d_cuda`, so importing the package fails without the compiled module.
+* fla: flash-linear-attention is pure Python and imports torch; nothing else of it is imitated.
 """
 
 from __future__ import annotations
@@ -55,6 +69,7 @@ def get_arch_list():
 '''
 
 _CPP_EXTENSION = '''"""What a probe reads from torch.utils.cpp_extension: CUDA_HOME, found as PyTorch does."""
+import datetime
 import os
 import shutil
 import sys
@@ -73,7 +88,10 @@ def _find_cuda_home():
             if not os.path.exists(cuda_home):
                 cuda_home = None
     if cuda_home and not torch.cuda.is_available():
-        print(f"No CUDA runtime is found, using CUDA_HOME='{cuda_home}'", file=sys.stderr)
+        # torch's own logging format (glog-like: level, MMDD time, pid, file:line of the real call).
+        now = datetime.datetime.now()
+        print(f"W{now:%m%d %H:%M:%S.%f} {os.getpid()} torch/utils/cpp_extension.py:183] "
+              f"No CUDA runtime is found, using CUDA_HOME='{cuda_home}'", file=sys.stderr)
     return cuda_home
 
 
@@ -125,6 +143,26 @@ def install_distribution(
         ct.write_file(f"{site}/{relative}", data, mode)
 
 
+def torch_files(version: str = "2.11.0+cu128", cuda: str | None = "12.8") -> dict[str, str]:
+    """The stand-in torch package's files, relative to site-packages."""
+    version_py = (
+        f"__version__ = {version!r}\n"
+        "debug = False\n"
+        f"cuda = {cuda!r}\n"
+        "git_version = '0123456789abcdef0123456789abcdef01234567'\n"
+        "hip = None\n"
+        "rocm = None\n"
+        "xpu = None\n"
+    )
+    return {
+        "torch/__init__.py": _TORCH_INIT,
+        "torch/version.py": version_py,
+        "torch/cuda/__init__.py": _TORCH_CUDA,
+        "torch/utils/__init__.py": "",
+        "torch/utils/cpp_extension.py": _CPP_EXTENSION,
+    }
+
+
 def install_torch(
     ct: Container,
     version: str = "2.11.0+cu128",
@@ -133,27 +171,7 @@ def install_torch(
     site: str = DEFAULT_SITE,
 ) -> None:
     """A torch whose `torch.version.cuda` is cuda (None = a CPU build)."""
-    version_py = (
-        f"__version__ = {version!r}\n"
-        "debug = False\n"
-        f"cuda = {cuda!r}\n"
-        "git_version = '0123456789abcdef0123456789abcdef01234567'\n"
-        "hip = None\n"
-        "xpu = None\n"
-    )
-    install_distribution(
-        ct,
-        "torch",
-        version,
-        {
-            "torch/__init__.py": _TORCH_INIT,
-            "torch/version.py": version_py,
-            "torch/cuda/__init__.py": _TORCH_CUDA,
-            "torch/utils/__init__.py": "",
-            "torch/utils/cpp_extension.py": _CPP_EXTENSION,
-        },
-        site=site,
-    )
+    install_distribution(ct, "torch", version, torch_files(version, cuda), site=site)
 
 
 def install_fla(

@@ -16,6 +16,7 @@ from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.render import compile_playbook
 from fleetfix.playbook.runner import TargetPlan, TargetRun, plan_target, run_target
 from fleetfix.transport.base import Transport
+from tests.lab.aptrepo import CudaRelease
 from tests.unit.playbook.conftest import REPO, SubprocessTransport, make_target
 
 BUILD = REPO / "playbooks" / "build-extensions.yaml"
@@ -63,8 +64,9 @@ esac
 
 
 def nvcc_banner(version: str) -> str:
-    return ("nvcc: NVIDIA (R) Cuda compiler driver\nCopyright (c) 2005-2025 NVIDIA Corporation\n"
-            f"Cuda compilation tools, release {version}, V{version}.88\nBuild cuda_{version}\n")
+    # The real banner's five lines (the stand-ins' banner code, held to the real nvcc 13.0 and NVIDIA's
+    # 12.x ptxas by tests/e2e/test_standin_ground_truth.py), not a shape written here.
+    return CudaRelease(version, f"V{version}.88").nvcc_banner()
 
 
 def fake_toolkit(root: Path, version: str, *, headers: bool = True, libcudart: bool = True) -> Path:

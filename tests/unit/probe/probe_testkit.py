@@ -17,6 +17,7 @@ from typing import Any
 
 from fleetfix.probe import Facts, parse_facts
 from fleetfix.probe.script import build_probe_script
+from tests.lab.aptrepo import CudaRelease
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "probe"
 PCT_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"   # what `pct exec` forces
@@ -99,11 +100,7 @@ def write(root: Path, relative: str, text: str | bytes, mode: int | None = None)
 
 
 def fake_nvcc(root: Path, relative: str, version: str, release: str) -> Path:
-    """An nvcc that prints the real banner shape."""
-    return write(root, relative, (
-        "#!/bin/sh\n"
-        "echo 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
-        "echo 'Copyright (c) 2005-2025 NVIDIA Corporation'\n"
-        f"echo 'Cuda compilation tools, release {version}, {release}'\n"
-        f"echo 'Build cuda_{version}.r{version}/compiler.0_0'\n"
-    ), mode=0o755)
+    """An nvcc that prints the real banner: the test bed's stand-in banner code, which
+    tests/e2e/test_standin_ground_truth.py holds to the real nvcc 13.0 and NVIDIA's 12.x ptxas."""
+    banner = CudaRelease(version, release).nvcc_banner()
+    return write(root, relative, f"#!/bin/sh\ncat <<'EOF'\n{banner}EOF\n", mode=0o755)
