@@ -286,6 +286,8 @@ class PythonEnv(_Model):
     python_h: bool | None = None          # Python.h for this interpreter (None: an older probe)
     deep: DeepTorch | None = None
     error: str | None = None
+    # How the probe's discovery found this env when nothing named it; None: named (inventory, default).
+    discovered: Literal["venv", "conda", "process"] | None = None
 
 
 class DiscoveredPython(_Model):
@@ -294,7 +296,7 @@ class DiscoveredPython(_Model):
     path: str
     source: Literal["venv", "conda", "process"]
     prefix: str | None = None
-    inspected: bool = False        # named in the probe's interpreter list as this very path
+    inspected: bool = False        # named in the probe's interpreter list, or inspected once discovered
     torch: TorchInfo | None = None
 
 

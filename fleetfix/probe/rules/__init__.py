@@ -76,7 +76,6 @@ REGISTRY: tuple[Registered, ...] = (
     Registered(extensions.extension_missing, ("EXTENSION_MISSING",)),
     # notes
     Registered(pythons.python_problems, ("PYTHON_NOT_FOUND", "PYTHON_PROBE_FAILED")),
-    Registered(pythons.torch_in_uninspected_env, ("TORCH_IN_UNINSPECTED_ENV",)),
     Registered(pythons.torch_notes, ("TORCH_NOT_FOUND", "TORCH_CPU_ONLY")),
 )
 

@@ -283,12 +283,6 @@ CASES: dict[str, Case] = {
                                                   "executable": "/usr/bin/python",
                                                   "error": "interpreter ran but printed no probe result"}),
         Severity.WARNING),
-    "TORCH_IN_UNINSPECTED_ENV": Case(
-        "local_debian12_nvcc13", set_in("discovered_pythons", [{
-            "path": "/opt/train/venv/bin/python3", "source": "venv", "prefix": "/opt/train/venv",
-            "inspected": False, "torch": {"version": "2.11.0+cu128", "cuda": "12.8",
-                                          "path": "/opt/train/venv/lib/python3.11/site-packages/torch"}}]),
-        Severity.WARNING, evidence=("prefix", "/opt/train/venv")),
     "TORCH_NOT_FOUND": Case("local_debian12_nvcc13", NO_EDIT, Severity.INFO),
     "TORCH_CPU_ONLY": Case(
         "healthy",

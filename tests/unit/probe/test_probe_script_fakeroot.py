@@ -444,13 +444,41 @@ def test_discovers_venvs_and_conda_envs_with_torch_read_as_text(fakeroot: Path, 
     write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
     write(fakeroot, "opt/conda/envs/infer/lib/python3.12/site-packages/torch/version.py",
           "__version__ = '2.9.1+cpu'\ncuda = None\n")
-    found = {d.path: d for d in probe(fakeroot, fakebin).discovered_pythons}
+    facts = probe(fakeroot, fakebin)
+    found = {d.path: d for d in facts.discovered_pythons}
     train = found["/opt/train/venv/bin/python3"]
-    assert (train.source, train.prefix, train.inspected) == ("venv", "/opt/train/venv", False)
+    assert (train.source, train.prefix, train.inspected) == ("venv", "/opt/train/venv", True)
     assert train.torch is not None and (train.torch.version, train.torch.cuda) == ("2.11.0+cu128", "12.8")
     infer = found["/opt/conda/envs/infer/bin/python3"]
     assert infer.source == "conda" and infer.torch is not None and infer.torch.cuda is None
-    assert found["/root/.venv/bin/python3"].torch is None
+    assert infer.inspected is True
+    bare = found["/root/.venv/bin/python3"]
+    assert bare.torch is None and bare.inspected is False      # no torch: not worth inspecting
+    # The envs with torch were handed to the full inspection, tagged with how they were found (paths
+    # below the fake root do not exist on this machine, so each comes back as not found).
+    assert [(p.interpreter, p.discovered) for p in facts.pythons] == [
+        ("/opt/train/venv/bin/python3", "venv"), ("/opt/conda/envs/infer/bin/python3", "conda")]
+
+
+def test_pinned_pythons_turn_discovery_off(fakeroot: Path, fakebin: FakeBin) -> None:
+    write(fakeroot, "opt/train/venv/bin/python3", "#!/bin/sh\nexit 99\n")
+    (fakeroot / "opt/train/venv/bin/python3").chmod(0o755)
+    write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
+    facts = probe_facts(build_probe_script(("python3",), discover=False), root=fakeroot,
+                        path=str(fakebin.path), hermetic=True)
+    assert facts.discovered_pythons == []
+    assert [p.interpreter for p in facts.pythons] == ["python3"]
+
+
+def test_a_discovered_env_a_named_interpreter_covers_is_not_inspected_twice(
+    fakeroot: Path, fakebin: FakeBin,
+) -> None:
+    write(fakeroot, "opt/train/venv/bin/python3", "#!/bin/sh\nexit 99\n")
+    (fakeroot / "opt/train/venv/bin/python3").chmod(0o755)
+    write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
+    facts = probe(fakeroot, fakebin, ("/opt/train/venv/bin/python3",))
+    assert [p.interpreter for p in facts.pythons] == ["/opt/train/venv/bin/python3"]
+    assert [d.inspected for d in facts.discovered_pythons] == [True]
 
 
 def test_the_wheels_arch_list_is_read_without_importing_torch_where_a_gpu_is(
