@@ -262,6 +262,15 @@ class Extension(_Model):
     error: str | None = None
 
 
+class HubKernels(_Model):
+    """transformers and the `kernels` package in one env: which extensions transformers takes from the
+    Hugging Face Hub instead of the local build (its hub_kernels.py's _HUB_KERNEL_MAPPING keys)."""
+
+    transformers: str | None = None
+    kernels: str | None = None           # the `kernels` distribution's version; None: not installed
+    hub_mapped: list[str] = Field(default_factory=empty(list))   # "causal-conv1d", "mamba-ssm", ...
+
+
 class DeepTorch(_Model):
     cuda_available: bool | None = None
     device_count: int | None = None
@@ -288,6 +297,7 @@ class PythonEnv(_Model):
     error: str | None = None
     # How the probe's discovery found this env when nothing named it; None: named (inventory, default).
     discovered: Literal["venv", "conda", "process"] | None = None
+    hub_kernels: HubKernels | None = None   # None: no transformers (or an older probe)
 
 
 class DiscoveredPython(_Model):

@@ -814,6 +814,32 @@ def deep_torch():
         return {"error": "torch probe printed no result"}
 
 
+def hub_kernels():
+    # transformers 5.0's Mamba-family models load causal-conv1d and mamba-ssm through lazy_load_kernel,
+    # which takes them from the Hugging Face Hub (kernels-community/...) whenever the `kernels` package is
+    # installed, not from the local build; later releases use the local package first. Which names a
+    # release sends to the Hub is its integrations/hub_kernels.py's _HUB_KERNEL_MAPPING, read as text.
+    spec = find("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    mapped = []
+    try:
+        path = os.path.join(list(spec.submodule_search_locations)[0], "integrations", "hub_kernels.py")
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except (OSError, ValueError):
+        text = ""
+    start = text.find("\n_HUB_KERNEL_MAPPING")   # its definition, at the start of a line
+    if start >= 0:
+        block = text[start:text.find("\n}", start) + 2]
+        for line in block.splitlines()[1:]:
+            key = line.strip().split(":", 1)[0].strip()
+            if len(key) > 2 and key[0] in "\"'" and key[-1] == key[0]:
+                mapped.append(key[1:-1])
+    return {"transformers": dist_version(("transformers",)), "kernels": dist_version(("kernels",)),
+            "hub_mapped": mapped}
+
+
 def extension(name, compiled, dists, have_torch):
     spec = find(name)
     result = {"present": spec is not None, "version": dist_version(dists) if spec else None,
@@ -846,6 +872,7 @@ def main():
         "python_tag": python_tag(), "libc": libc(),
         "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
         "python_h": python_headers(), "conda_nvcc": conda_nvcc(), "discovered": DISCOVERED_BY,
+        "hub_kernels": hub_kernels() if torch is not None else None,
     }
     for name, compiled, dists in EXTENSIONS:
         env["extensions"][name] = extension(name, compiled, dists, torch is not None)
