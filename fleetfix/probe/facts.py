@@ -239,6 +239,7 @@ class CudaFacts(_Model):
     packages: list[Package] = Field(default_factory=empty(list))
     env_cuda_home: str | None = None       # CUDA_HOME/CUDA_PATH set for logins (/etc/environment, profile)
     env_cuda_home_file: str | None = None  # the file that sets it
+    env_cuda_home_target: str | None = None  # env_cuda_home with its symlinks followed (/usr/local/cuda ->)
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:
         return next((t for t in self.toolkits if t.path == path), None)

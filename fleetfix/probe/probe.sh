@@ -520,6 +520,13 @@ probe_env_cuda_home() {
     fi
     printf ',"env_cuda_home":'; jn "$_home"
     printf ',"env_cuda_home_file":'; jn "$_from"
+    # CUDA_HOME=/usr/local/cuda is usually a symlink (update-alternatives, cuda-toolkit-config-common): a
+    # build uses the toolkit it points at, which the toolkit list knows by its real directory.
+    printf ',"env_cuda_home_target":'
+    case $_home in
+        /*) resolve_link "${_home%/}"; js "$LINK" ;;
+        *) printf null ;;
+    esac
 }
 
 # ---------------------------------------------------------------- python envs

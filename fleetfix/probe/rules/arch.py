@@ -15,7 +15,7 @@ def build_nvcc(ctx: Context) -> tuple[Nvcc | None, str]:
     """The nvcc a build without an explicit CUDA_HOME picks, in torch's own order (_find_cuda_home:
     CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda), and where it came from."""
     cuda = ctx.facts.cuda
-    env_home = ctx.facts.cuda.env_cuda_home
+    env_home = cuda.env_cuda_home_target or cuda.env_cuda_home   # a symlink names what it points at
     if env_home:
         toolkit = cuda.toolkit_at(env_home.rstrip("/"))
         if toolkit and toolkit.nvcc and toolkit.version:

@@ -719,3 +719,15 @@ def test_driver_table_runs_through_cuda_13_3() -> None:
         set_in("pythons.0.torch.cuda", "13.3"), set_in("gpu.driver_version", "595.71.05")))),
         "DRIVER_BELOW_FULL_FEATURE")
     assert finding.evidence["full_feature_driver"] == "610.43.02"
+
+
+def test_cuda_home_set_to_the_symlink_is_judged_as_the_toolkit_it_points_at() -> None:
+    facts = edited("healthy", chain(
+        set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
+        set_in("cuda.default_link", "/usr/local/cuda-13.0"),
+        set_in("cuda.env_cuda_home", "/usr/local/cuda"),
+        set_in("cuda.env_cuda_home_target", "/usr/local/cuda-13.0"),
+        set_in("cuda.env_cuda_home_file", "/etc/environment")))
+    finding = only(diagnose(facts), "BUILD_PICKS_OTHER_NVCC")
+    assert (finding.evidence["nvcc_source"], finding.evidence["set_in"]) == ("CUDA_HOME", "/etc/environment")
+    assert finding.evidence["nvcc_version"] == "13.0" and finding.severity is Severity.ERROR

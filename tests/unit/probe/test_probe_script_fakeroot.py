@@ -408,6 +408,17 @@ def test_cuda_home_for_logins_and_apts_own_index_of_nvidia_repos(fakeroot: Path,
     assert facts.apt.apt_key is False   # no apt-key among the fake commands
 
 
+def test_cuda_home_through_the_default_symlink_names_the_toolkit(fakeroot: Path, fakebin: FakeBin) -> None:
+    fake_nvcc(fakeroot, "usr/local/cuda-12.8/bin/nvcc", "12.8", "V12.8.93")
+    fake_nvcc(fakeroot, "usr/local/cuda-13.0/bin/nvcc", "13.0", "V13.0.88")
+    (fakeroot / "usr/local/cuda").symlink_to("cuda-13.0")          # relative, as update-alternatives makes
+    write(fakeroot, "etc/environment", "CUDA_HOME=/usr/local/cuda/\n")
+    facts = probe(fakeroot, fakebin)
+    assert facts.cuda.env_cuda_home == "/usr/local/cuda/"
+    assert facts.cuda.env_cuda_home_target == "/usr/local/cuda-13.0"
+    assert facts.cuda.toolkit_at(facts.cuda.env_cuda_home_target) is not None
+
+
 def test_no_index_and_no_cuda_home_are_unknown_not_false(fakeroot: Path, fakebin: FakeBin) -> None:
     facts = probe(fakeroot, fakebin)
     assert facts.cuda.env_cuda_home is None
