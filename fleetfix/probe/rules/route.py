@@ -15,7 +15,7 @@ from fleetfix.probe.rules.base import (
     dotted,
     major_minor,
 )
-from fleetfix.probe.rules.tables import REPO_OLDEST_CUDA
+from fleetfix.probe.rules.tables import REPO_NEWEST_CUDA, REPO_OLDEST_CUDA
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,9 @@ def toolkit_route(ctx: Context, cuda: str) -> Route:
     if oldest and wanted and wanted < oldest:
         return Route("pip", f"NVIDIA's {distro}/{arch} repository starts at CUDA {dotted(oldest)}",
                      repo_lacks=True)
+    newest = REPO_NEWEST_CUDA.get(distro or "")
+    if newest and wanted and wanted > newest:
+        return Route("pip", f"NVIDIA's {distro} repository ends at CUDA {dotted(newest)}", repo_lacks=True)
     if apt.uses_sqv and distro != "debian13":
         return Route("pip", f"apt's sqv rejects the SHA-1-bound key of NVIDIA's {distro} repository")
     return Route("apt")

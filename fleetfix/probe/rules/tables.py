@@ -41,6 +41,12 @@ REPO_OLDEST_CUDA: dict[tuple[str, str], tuple[int, int]] = {
     ("debian12", "x86_64"): (12, 3),
     ("debian13", "x86_64"): (13, 0),
 }
+# NVIDIA apt repositories whose distro a CUDA release dropped: distro -> the newest CUDA major.minor it
+# carries (any arch). Ubuntu 20.04: "Support for Ubuntu 20.04 has been dropped" in CUDA 13.0 (the 13.0
+# release notes as summarised in easybuilders/easybuild-easyconfigs#23576, "CUDA v13.0.0"; NVIDIA's
+# TensorRT 10.13.2, its first CUDA 13 release, dropped Ubuntu 20.04 too, NVIDIA/TensorRT#4556), so its
+# repository ends at 12.9. (DOMAIN.md 1.2 had "dropped in 13.2", from a weak third-party summary.)
+REPO_NEWEST_CUDA: dict[str, tuple[int, int]] = {"ubuntu2004": (12, 9)}
 
 
 def oldest_nvcc_for(arch: tuple[int, int]) -> tuple[int, int] | None:

@@ -731,3 +731,14 @@ def test_cuda_home_set_to_the_symlink_is_judged_as_the_toolkit_it_points_at() ->
     finding = only(diagnose(facts), "BUILD_PICKS_OTHER_NVCC")
     assert (finding.evidence["nvcc_source"], finding.evidence["set_in"]) == ("CUDA_HOME", "/etc/environment")
     assert finding.evidence["nvcc_version"] == "13.0" and finding.severity is Severity.ERROR
+
+
+def test_ubuntu_2004s_repository_ends_at_cuda_12_9() -> None:
+    focal = chain(set_in("os.id", "ubuntu"), set_in("os.version_id", "20.04"), set_in("os.codename", "focal"))
+    cu130 = chain(focal, set_in("pythons.0.torch.cuda", "13.0"),
+                  set_in("pythons.0.torch.version", "2.14.1+cu130"))
+    lacks = only(diagnose(edited("problem_case", cu130)), "NVIDIA_REPO_LACKS_CUDA")
+    assert lacks.evidence["nvidia_distro"] == "ubuntu2004" and "ends at CUDA 12.9" in lacks.evidence["why"]
+    assert lacks.fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
+    codes = [f.code for f in diagnose(edited("problem_case", focal))]   # torch cu128: apt serves it
+    assert "NVIDIA_REPO_LACKS_CUDA" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" in codes

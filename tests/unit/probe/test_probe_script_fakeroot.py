@@ -15,7 +15,14 @@ import pytest
 from probe_testkit import FakeBin, fake_nvcc, probe_facts, run_probe, write
 
 from fleetfix.errors import ProbeOutputError
-from fleetfix.probe import Facts, build_node_script, build_probe_script, parse_facts, parse_node_facts
+from fleetfix.probe import (
+    Facts,
+    build_node_script,
+    build_probe_script,
+    diagnose,
+    parse_facts,
+    parse_node_facts,
+)
 
 KEY_7FA2AF80 = bytes.fromhex("F60F4B3D7FA2AF80")
 KEY_3BF863CC = bytes.fromhex("A4B469963BF863CC")
@@ -541,3 +548,17 @@ def test_wheel_cache_key_facts_without_importing_torch(fakeroot: Path, fakebin: 
     assert facts.torch is not None
     assert (facts.torch.cxx11_abi, facts.torch.python_tag) == (abi, env.python_tag)
     assert facts.torch.libc == env.libc
+
+
+def test_a_rocm_torchs_hip_version_is_read(fakeroot: Path, fakebin: FakeBin, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    write(site, "torch/__init__.py", "raise SystemExit('torch must not be imported')\n")
+    # A ROCm build's generated version.py: cuda None, hip set (values of a 2.3.0.dev20240308+rocm6.0 one).
+    write(site, "torch/version.py", TORCH_VERSION_PY.replace("'2.11.0+cu128'", "'2.3.0.dev20240308+rocm6.0'")
+          .replace("cuda: Optional[str] = '12.8'", "cuda: Optional[str] = None")
+          .replace("hip: Optional[str] = None", "hip: Optional[str] = '6.0.32830-d62f6a171'"))
+    fakebin.link("python3", sys.executable)
+    facts = probe(fakeroot, fakebin, ("python3",), env={"PYTHONPATH": str(site)})
+    torch = facts.pythons[0].torch
+    assert torch is not None and (torch.cuda, torch.hip) == (None, "6.0.32830-d62f6a171")
+    assert "TORCH_CPU_ONLY" not in [f.code for f in diagnose(facts)]
