@@ -14,7 +14,8 @@ def python_problems(ctx: Context) -> Iterator[Finding]:
                 "PYTHON_NOT_FOUND", Severity.INFO,
                 f"python interpreter {env.interpreter!r} not found on this target",
                 {"interpreter": env.interpreter},
-                hint="set the container's `python` var in the inventory to the interpreter or venv in use",
+                hint="name the interpreter in use: `--python PATH` on the probe's command line, or "
+                     "`python` / `pythons` in the target's inventory vars",
             )
         elif env.error:
             yield finding(
@@ -34,7 +35,8 @@ def torch_notes(ctx: Context) -> Iterator[Finding]:
             {"interpreters": [e.interpreter for e in working],
              "discovered": [d.path for d in ctx.facts.discovered_pythons]},
             hint="nothing to do if this target runs no torch; torch in a place the probe does not search "
-                 "(docs/inventory.md, `pythons`) is inspected once an inventory names its interpreter",
+                 "is inspected once its interpreter is named: `--python PATH` on the probe's command line, "
+                 "or `pythons` in the inventory (docs/inventory.md)",
         )
     for env in ctx.facts.torch_envs:
         # A ROCm build sets torch.version.hip and leaves torch.version.cuda None: a GPU build all the same.
