@@ -38,6 +38,10 @@ FALLBACKS: dict[str, str] = {
 PARTNERS: dict[str, tuple[str, ...]] = {
     "causal_conv1d": ("fla", "mamba_ssm"),
 }
+MAMBA_NEEDS_BOTH = (
+    "Mamba-family models (Mamba, Mamba2, FalconMamba, Jamba, Bamba, GraniteMoeHybrid) take transformers' "
+    "fast path only with both mamba-ssm and causal-conv1d, and fall back to the slow reference path"
+)
 # Compiled modules a complete install may lack: since state-spaces/mamba PR #977 ("Make CUDA selective
 # scan install explicit opt-in", MAMBA_KEEP_CUDA_BUILD) mamba_ssm installs without selective_scan_cuda,
 # which only Mamba-1 needs; Mamba-2 runs on its Triton kernels (DOMAIN.md 3.2).
@@ -93,13 +97,18 @@ def extension_missing(ctx: Context) -> Iterator[Finding]:
                 continue
             why = f"{', '.join(partners)} is installed and needs it" if partners else "required by inventory"
             fallback = FALLBACKS.get(name, "slow path")
+            if name == "causal_conv1d" and "mamba_ssm" in partners:
+                fallback += f"; {MAMBA_NEEDS_BOTH}"
             if name in ("causal_conv1d", "fla"):
                 fallback += f"; transformers logs: '{QWEN_FAST_PATH_WARNING}'"
             compiled = env.extensions[name].compiled_module
             check = f"import {name}" + (f" and {compiled}" if compiled else "")
+            summary = FALLBACKS.get(name, "slow path")
+            if name == "causal_conv1d" and "mamba_ssm" in partners:
+                summary = MAMBA_NEEDS_BOTH
             yield finding(
                 "EXTENSION_MISSING", Severity.WARNING,
-                f"{name} is not installed in {env.interpreter} ({why}): {FALLBACKS.get(name, 'slow path')}",
+                f"{name} is not installed in {env.interpreter} ({why}): {summary}",
                 {"interpreter": env.interpreter, "extension": name, "present": sorted(present),
                  "fallback": fallback},
                 **_build_fix(env, [name]),

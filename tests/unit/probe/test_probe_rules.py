@@ -742,3 +742,12 @@ def test_ubuntu_2004s_repository_ends_at_cuda_12_9() -> None:
     assert lacks.fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
     codes = [f.code for f in diagnose(edited("problem_case", focal))]   # torch cu128: apt serves it
     assert "NVIDIA_REPO_LACKS_CUDA" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" in codes
+
+
+def test_mamba_ssm_without_causal_conv1d_names_the_mamba_fast_path() -> None:
+    facts = edited("healthy", chain(
+        set_in("pythons.0.extensions.mamba_ssm", ext(True, compiled=True, module="selective_scan_cuda")),
+        set_in("pythons.0.extensions.causal_conv1d", ext(False, module="causal_conv1d_cuda"))))
+    finding = only(diagnose(facts), "EXTENSION_MISSING")
+    assert finding.evidence["extension"] == "causal_conv1d" and "mamba_ssm" in finding.evidence["present"]
+    assert "Mamba-family" in finding.summary and "both mamba-ssm and causal-conv1d" in finding.summary
