@@ -239,6 +239,7 @@ class CudaFacts(_Model):
     packages: list[Package] = Field(default_factory=empty(list))
     env_cuda_home: str | None = None       # CUDA_HOME/CUDA_PATH set for logins (/etc/environment, profile)
     env_cuda_home_file: str | None = None  # the file that sets it
+    env_cuda_home_target: str | None = None  # env_cuda_home with its symlinks followed (/usr/local/cuda ->)
 
     def toolkit_at(self, path: str | None) -> Toolkit | None:
         return next((t for t in self.toolkits if t.path == path), None)
@@ -260,6 +261,15 @@ class Extension(_Model):
     compiled_present: bool | None = None   # None: no compiled part, or the package is absent
     importable: bool | None = None         # None: not checked (only --deep imports)
     error: str | None = None
+
+
+class HubKernels(_Model):
+    """transformers and the `kernels` package in one env: which extensions transformers takes from the
+    Hugging Face Hub instead of the local build (its hub_kernels.py's _HUB_KERNEL_MAPPING keys)."""
+
+    transformers: str | None = None
+    kernels: str | None = None           # the `kernels` distribution's version; None: not installed
+    hub_mapped: list[str] = Field(default_factory=empty(list))   # "causal-conv1d", "mamba-ssm", ...
 
 
 class DeepTorch(_Model):
@@ -286,6 +296,9 @@ class PythonEnv(_Model):
     python_h: bool | None = None          # Python.h for this interpreter (None: an older probe)
     deep: DeepTorch | None = None
     error: str | None = None
+    # How the probe's discovery found this env when nothing named it; None: named (inventory, default).
+    discovered: Literal["venv", "conda", "process"] | None = None
+    hub_kernels: HubKernels | None = None   # None: no transformers (or an older probe)
 
 
 class DiscoveredPython(_Model):
@@ -294,7 +307,7 @@ class DiscoveredPython(_Model):
     path: str
     source: Literal["venv", "conda", "process"]
     prefix: str | None = None
-    inspected: bool = False        # named in the probe's interpreter list as this very path
+    inspected: bool = False        # named in the probe's interpreter list, or inspected once discovered
     torch: TorchInfo | None = None
 
 

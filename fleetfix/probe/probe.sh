@@ -8,6 +8,8 @@
 #   FLEETFIX_DEEP=0|1          1 = import torch and the compiled extensions in subprocesses
 #   set -- PYTHON...           the interpreters to inspect (default: python3)
 #   FLEETFIX_PYTHONS_GIVEN=1   "the list above is deliberate", even when it is empty
+#   FLEETFIX_DISCOVER=0|1      1 (default) = also look for torch envs elsewhere and inspect each one found
+#                              like the named ones; 0 = the list above is the whole list (inventory `pythons`)
 #   FLEETFIX_PROBE_ROOT=DIR    tests only: read files below DIR instead of / (reported paths stay /...)
 #   FLEETFIX_PROBE_TIMEOUT=S   seconds any one external tool (nvcc, nvidia-smi) may take (default 20)
 #   FLEETFIX_PROBE_EXTRA_PATH  tests only: what is appended to PATH (default /usr/local/sbin:/usr/local/bin)
@@ -48,8 +50,11 @@ for py in "$@"; do
     printf '%s' "$SEP"; SEP=,
     probe_python "$py"
 done
+DISCOVERED=
+[ "${FLEETFIX_DISCOVER:-1}" = 1 ] && discover_pythons
+inspect_discovered "$@"
 printf ']'
-probe_discovered "$@"
+emit_discovered
 printf ',"gpu":'; probe_gpu
 printf ',"build":'; probe_build
 printf '}\n'
@@ -515,6 +520,13 @@ probe_env_cuda_home() {
     fi
     printf ',"env_cuda_home":'; jn "$_home"
     printf ',"env_cuda_home_file":'; jn "$_from"
+    # CUDA_HOME=/usr/local/cuda is usually a symlink (update-alternatives, cuda-toolkit-config-common): a
+    # build uses the toolkit it points at, which the toolkit list knows by its real directory.
+    printf ',"env_cuda_home_target":'
+    case $_home in
+        /*) resolve_link "${_home%/}"; js "$LINK" ;;
+        *) printf null ;;
+    esac
 }
 
 # ---------------------------------------------------------------- python envs
@@ -531,6 +543,8 @@ DEEP = sys.argv[1] == "1"
 INTERPRETER = sys.argv[2]
 # Only where a GPU is visible is it worth reading which archs torch was built for (one grep of ~30 MB).
 ARCH_SCAN = len(sys.argv) > 3 and sys.argv[3] == "1"
+# How the probe found this interpreter when no one named it ("venv", "conda", "process"); None: named.
+DISCOVERED_BY = sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None
 EXTENSIONS = (
     ("causal_conv1d", "causal_conv1d_cuda", ("causal-conv1d", "causal_conv1d")),
     ("fla", None, ("flash-linear-attention", "fla-core")),
@@ -807,6 +821,32 @@ def deep_torch():
         return {"error": "torch probe printed no result"}
 
 
+def hub_kernels():
+    # transformers 5.0's Mamba-family models load causal-conv1d and mamba-ssm through lazy_load_kernel,
+    # which takes them from the Hugging Face Hub (kernels-community/...) whenever the `kernels` package is
+    # installed, not from the local build; later releases use the local package first. Which names a
+    # release sends to the Hub is its integrations/hub_kernels.py's _HUB_KERNEL_MAPPING, read as text.
+    spec = find("transformers")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    mapped = []
+    try:
+        path = os.path.join(list(spec.submodule_search_locations)[0], "integrations", "hub_kernels.py")
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read()
+    except (OSError, ValueError):
+        text = ""
+    start = text.find("\n_HUB_KERNEL_MAPPING")   # its definition, at the start of a line
+    if start >= 0:
+        block = text[start:text.find("\n}", start) + 2]
+        for line in block.splitlines()[1:]:
+            key = line.strip().split(":", 1)[0].strip()
+            if len(key) > 2 and key[0] in "\"'" and key[-1] == key[0]:
+                mapped.append(key[1:-1])
+    return {"transformers": dist_version(("transformers",)), "kernels": dist_version(("kernels",)),
+            "hub_mapped": mapped}
+
+
 def extension(name, compiled, dists, have_torch):
     spec = find(name)
     result = {"present": spec is not None, "version": dist_version(dists) if spec else None,
@@ -838,7 +878,8 @@ def main():
         "virtualenv": sys.prefix != getattr(sys, "base_prefix", sys.prefix),
         "python_tag": python_tag(), "libc": libc(),
         "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
-        "python_h": python_headers(), "conda_nvcc": conda_nvcc(),
+        "python_h": python_headers(), "conda_nvcc": conda_nvcc(), "discovered": DISCOVERED_BY,
+        "hub_kernels": hub_kernels() if torch is not None else None,
     }
     for name, compiled, dists in EXTENSIONS:
         env["extensions"][name] = extension(name, compiled, dists, torch is not None)
@@ -851,13 +892,14 @@ try:
     result = main()
 except Exception as exc:
     result = {"interpreter": INTERPRETER, "found": True, "executable": sys.executable,
-              "error": ("%s: %s" % (type(exc).__name__, exc))[:500]}
+              "discovered": DISCOVERED_BY, "error": ("%s: %s" % (type(exc).__name__, exc))[:500]}
 sys.stdout.write("\n" + to_json(result) + "\n")
 PYEOF
 )
 
+# probe_python INTERPRETER [SOURCE]: SOURCE is how discovery found it (venv, conda, process), when it did.
 probe_python() {
-    _py=$1
+    _py=$1; _found_by=${2:-}
     case $_py in
         */*) if [ -x "$_py" ] && [ ! -d "$_py" ]; then _path=$_py; else _path=; fi ;;
         *)
@@ -865,13 +907,14 @@ probe_python() {
             case $_path in /*) ;; *) _path= ;; esac ;;   # a builtin or alias is not an interpreter
     esac
     if [ -z "$_path" ]; then
-        printf '{"interpreter":'; js "$_py"; printf ',"found":false,"error":"interpreter not found"}'
+        printf '{"interpreter":'; js "$_py"; printf ',"discovered":'; jn "$_found_by"
+        printf ',"found":false,"error":"interpreter not found"}'
         return 0
     fi
     _limit=120; [ "$DEEP" = 1 ] && _limit=900
     _scan=0
     for _d in "$R"/dev/nvidia[0-9]*; do [ -e "$_d" ] && _scan=1; done
-    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" "$_scan" 2>/dev/null)
+    _out=$(run_t "$_limit" "$_path" -B -c "$PY_PROBE" "$DEEP" "$_py" "$_scan" "$_found_by" 2>/dev/null)
     _rc=$?
     _out=${_out##*"$NL"}   # the result is the last line; anything a .pth file printed comes before
     case $_out in
@@ -879,21 +922,23 @@ probe_python() {
         *)
             printf '{"interpreter":'; js "$_py"
             printf ',"found":true,"executable":'; js "$_path"
+            printf ',"discovered":'; jn "$_found_by"
             printf ',"error":'; js "interpreter ran but printed no probe result (exit $_rc; python 3 required)"
             printf '}' ;;
     esac
 }
 
 # ---------------------------------------------------------------- interpreter discovery
-# Where torch often lives besides the interpreters inspected above: venvs under /opt and in home
-# directories, conda envs, and the interpreters of running python processes. Facts only, and cheap: no
-# interpreter is run (torch's version.py is read as text), one ls(1) for all of /proc, at most
-# DISCOVER_MAX candidates. What is inspected stays the inventory's choice (`python` / `pythons`).
+# Where torch often lives besides the interpreters named: venvs under /opt and in home directories, conda
+# envs, and the interpreters of running python processes. Finding them is cheap: globs, torch's version.py
+# read as text, one ls(1) for all of /proc, at most DISCOVER_MAX candidates. Each candidate whose env has
+# torch is then inspected like a named interpreter (inspect_discovered), so its whole chain is judged.
+# An inventory that pins `pythons` turns all of this off (FLEETFIX_DISCOVER=0): its list is the whole list.
 DISCOVER_MAX=16
-probe_discovered() {
-    _given=" $* "
-    printf ',"discovered_pythons":['
-    SEP=; _seen=; _count=0
+# discover_pythons -> DISCOVERED: one "PATH<TAB>SOURCE<TAB>PREFIX<TAB>VERSION<TAB>CUDA<TAB>TORCHDIR" line per
+# candidate (the torch fields empty when its env has none).
+discover_pythons() {
+    _seen=; _count=0
     for _py in "$R"/opt/*/bin/python3 "$R"/opt/*/venv/bin/python3 "$R"/opt/*/.venv/bin/python3 \
         "$R"/root/.venv/bin/python3 "$R"/home/*/.venv/bin/python3 "$R"/root/venv/bin/python3 \
         "$R"/opt/conda/envs/*/bin/python3 "$R"/opt/*conda*/envs/*/bin/python3 "$R"/root/*conda*/bin/python3 \
@@ -910,13 +955,13 @@ probe_discovered() {
         _exe=${_line##*-> }
         case ${_exe##*/} in python | python3 | python3.[0-9]*) discovered "$_exe" process ;; esac
     done
-    printf ']'
 }
 
 # discovered PATH SOURCE: one candidate, once, with torch's version and CUDA when its env has torch.
 discovered() {
     [ "$_count" -lt "$DISCOVER_MAX" ] || return 0
     case " $_seen " in *" $1 "*) return 0 ;; esac
+    case $1 in *"$TAB"* | *"$NL"* | *" "*) return 0 ;; esac   # a path the line format cannot hold
     _seen="$_seen $1"; _count=$((_count + 1))
     _prefix=${1%/bin/*}
     _tv=; _tc=; _tpath=
@@ -932,16 +977,73 @@ discovered() {
         break
     done
     [ "$_tc" = None ] && _tc=
-    printf '%s{"path":' "$SEP"; SEP=,; js "$1"
-    printf ',"source":"%s","prefix":' "$2"; js "$_prefix"
-    case $_given in *" $1 "*) printf ',"inspected":true' ;; *) printf ',"inspected":false' ;; esac
-    printf ',"torch":'
-    if [ -n "$_tpath" ]; then
-        printf '{"version":'; jn "$_tv"; printf ',"cuda":'; jn "$_tc"; printf ',"path":'; js "$_tpath"; printf '}'
-    else
-        printf null
-    fi
-    printf '}'
+    # Empty fields are written as "-": read(1) with a TAB in IFS merges adjacent TABs (it is whitespace).
+    DISCOVERED="$DISCOVERED$1$TAB$2$TAB$_prefix$TAB${_tv:--}$TAB${_tc:--}$TAB${_tpath:--}$NL"
+}
+
+# split_discovered LINE -> D_PATH D_SOURCE D_PREFIX D_VERSION D_CUDA D_TORCH (a "-" read back as empty).
+split_discovered() {
+    _oldifs=$IFS; IFS=$TAB
+    set -f; set -- $1; set +f
+    IFS=$_oldifs
+    D_PATH=$1; D_SOURCE=$2; D_PREFIX=$3; D_VERSION=$4; D_CUDA=$5; D_TORCH=$6
+    [ "$D_VERSION" = - ] && D_VERSION=
+    [ "$D_CUDA" = - ] && D_CUDA=
+    [ "$D_TORCH" = - ] && D_TORCH=
+    return 0
+}
+
+# named_prefixes NAMED... -> NAMED_PREFIXES: " PREFIX " of each named interpreter that exists (its path less
+# /bin/NAME), so that an env already inspected under another name is not inspected twice.
+named_prefixes() {
+    NAMED_PREFIXES=" "
+    for _n in "$@"; do
+        case $_n in */*) _p=$_n ;; *) _p=$(command -v "$_n" 2>/dev/null) ;; esac
+        case $_p in /*/bin/*) NAMED_PREFIXES="$NAMED_PREFIXES${_p%/bin/*} " ;; esac
+    done
+}
+
+# inspect_discovered NAMED...: inside the "pythons" array, every discovered env with torch that no named
+# interpreter covers, inspected in full (probe_python) and tagged with how it was found.
+inspect_discovered() {
+    INSPECTED=" "; GIVEN=" $* "; NAMED_PREFIXES=
+    [ -n "$DISCOVERED" ] || return 0
+    named_prefixes "$@"
+    _rest=$DISCOVERED
+    while [ -n "$_rest" ]; do
+        _line=${_rest%%"$NL"*}; _rest=${_rest#*"$NL"}
+        split_discovered "$_line"
+        [ -n "$D_TORCH" ] || continue
+        case "$GIVEN$NAMED_PREFIXES$INSPECTED" in *" $D_PATH "* | *" $D_PREFIX "*) continue ;; esac
+        INSPECTED="$INSPECTED$D_PREFIX "
+        printf '%s' "$SEP"; SEP=,
+        probe_python "$D_PATH" "$D_SOURCE"
+    done
+}
+
+# emit_discovered: the "discovered_pythons" fact, each candidate marked inspected when a named interpreter
+# is that very path or lives in that prefix, or inspect_discovered inspected it.
+emit_discovered() {
+    printf ',"discovered_pythons":['
+    _sep=; _rest=$DISCOVERED
+    while [ -n "$_rest" ]; do
+        _line=${_rest%%"$NL"*}; _rest=${_rest#*"$NL"}
+        split_discovered "$_line"
+        printf '%s{"path":' "$_sep"; _sep=,; js "$D_PATH"
+        printf ',"source":"%s","prefix":' "$D_SOURCE"; js "$D_PREFIX"
+        case "$GIVEN${NAMED_PREFIXES:-}$INSPECTED" in
+            *" $D_PATH "* | *" $D_PREFIX "*) printf ',"inspected":true' ;;
+            *) printf ',"inspected":false' ;;
+        esac
+        printf ',"torch":'
+        if [ -n "$D_TORCH" ]; then
+            printf '{"version":'; jn "$D_VERSION"; printf ',"cuda":'; jn "$D_CUDA"; printf ',"path":'; js "$D_TORCH"; printf '}'
+        else
+            printf null
+        fi
+        printf '}'
+    done
+    printf ']'
 }
 
 # ---------------------------------------------------------------- gpu

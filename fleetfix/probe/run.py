@@ -79,6 +79,16 @@ def python_interpreters(target: Target) -> list[str]:
     return [str(target.vars.get("python", "python3"))]
 
 
+def discovers_pythons(target: Target) -> bool:
+    """Whether the probe also looks for torch envs nobody named and inspects them: yes, unless the target
+    pins its list with `pythons` (docs/inventory.md). `python` names the main interpreter and keeps it on."""
+    pythons = target.vars.get("pythons")
+    return not (isinstance(pythons, list) and pythons)
+
+
+ProbeKey = tuple[str, tuple[str, ...], bool]   # node, interpreters, discovery: one script per key
+
+
 class _NodeFactsCache:
     """Node facts are gathered once per node, by whichever of its containers comes first (VMs have their
     own kernel and driver: they never ask)."""
@@ -161,17 +171,17 @@ class _NodeBatches:
         self._fleet = fleet
         self._deep = deep
         self._timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
-        self._expected: dict[tuple[str, tuple[str, ...]], int] = {}
+        self._expected: dict[ProbeKey, int] = {}
         for target in targets:
             if target.guest.kind in NODE_BATCHES:
                 key = self._key(target)
                 self._expected[key] = self._expected.get(key, 0) + 1
-        self._batches: dict[tuple[str, tuple[str, ...]], PctBatch | None] = {}
+        self._batches: dict[ProbeKey, PctBatch | None] = {}
         self._lock = threading.Lock()
 
     @staticmethod
-    def _key(target: Target) -> tuple[str, tuple[str, ...]]:
-        return target.node.name, tuple(python_interpreters(target))
+    def _key(target: Target) -> ProbeKey:
+        return target.node.name, tuple(python_interpreters(target)), discovers_pythons(target)
 
     def submit(self, target: Target, notify: Callable[[], None]) -> tuple[PctBatch, Submitted] | None:
         """Feed the target to its node's batch (PctBatch.submit), or None: probe it on its own channel."""
@@ -187,11 +197,11 @@ class _NodeBatches:
         submitted = batch.submit(target.guest.id, notify)
         return None if submitted is None else (batch, submitted)
 
-    def _open(self, target: Target, key: tuple[str, tuple[str, ...]]) -> PctBatch | None:
+    def _open(self, target: Target, key: ProbeKey) -> PctBatch | None:
         node = self._fleet.feedable_node_transport(target)
         if node is None:
             return None
-        script = with_buffered_stdout(build_probe_script(list(key[1]), deep=self._deep))
+        script = with_buffered_stdout(build_probe_script(list(key[1]), deep=self._deep, discover=key[2]))
         if len(command_line([script])) > self.MAX_COMMAND_LINE:  # as quoted for the node's shell
             return None
         return NODE_BATCHES[target.guest.kind](
@@ -367,7 +377,7 @@ def gather_facts(target: Target, transport: Transport, *, deep: bool = False) ->
 
 
 def _probe_output(target: Target, transport: Transport, *, deep: bool) -> str:
-    script = build_probe_script(python_interpreters(target), deep=deep)
+    script = build_probe_script(python_interpreters(target), deep=deep, discover=discovers_pythons(target))
     timeout = DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT
     return _output_of(run_script(transport, with_buffered_stdout(script), timeout=timeout), deep=deep)
 

@@ -24,8 +24,10 @@ def probe_script_body() -> str:
     return _packaged("probe.sh")
 
 
-def build_probe_script(pythons: Sequence[str] = ("python3",), deep: bool = False) -> str:
-    """The probe for one target: inspect these interpreters (names on PATH or paths); deep = import torch."""
+def build_probe_script(pythons: Sequence[str] = ("python3",), deep: bool = False, *,
+                       discover: bool = True) -> str:
+    """The probe for one target: inspect these interpreters (names on PATH or paths); deep = import torch;
+    discover = also find torch envs nobody named and inspect them the same way (off: the list is whole)."""
     if isinstance(pythons, str):
         raise TypeError("pythons must be a sequence of interpreter names, not one string")
     for interpreter in pythons:
@@ -36,6 +38,7 @@ def build_probe_script(pythons: Sequence[str] = ("python3",), deep: bool = False
         "# parameters, from fleetfix.probe.script.build_probe_script\n"
         f"FLEETFIX_DEEP={1 if deep else 0}\n"
         "FLEETFIX_PYTHONS_GIVEN=1\n"
+        f"FLEETFIX_DISCOVER={1 if discover else 0}\n"
         f"set -- {words}\n"
     )
     return header + probe_script_body()

@@ -6,6 +6,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.e2e.conftest import host_args, run_cli
 from tests.e2e.scenarios import healthy, install_toolkit, problem_case
 from tests.lab.aptrepo import AptRepo
@@ -96,3 +98,27 @@ def test_probe_local_reports_the_real_nvcc() -> None:
     if Path("/usr/local/cuda-13.0/bin/nvcc").exists():
         assert {"path": "/usr/local/cuda-13.0", "version": "13.0"}.items() <= next(
             tk for tk in toolkits if tk["path"] == "/usr/local/cuda-13.0").items()
+
+
+REAL_TORCH_PYTHON = Path("/opt/fleetfix-torch-2.14.1/bin/python3")
+
+
+@pytest.mark.skipif(not REAL_TORCH_PYTHON.exists(), reason="no real torch venv on this machine")
+def test_probe_local_judges_a_discovered_venv_and_python_pins_the_list() -> None:
+    # --local takes no inventory: discovery is what finds torch outside python3, and --python is what
+    # the command line offers to pin the list (the advice its findings give).
+    found = run_cli("probe", "--local", "--json")
+    assert found.exit_code in (0, EXIT_FINDINGS), found.stderr
+    [target] = found.json()["targets"]
+    env = next(p for p in target["facts"]["pythons"] if p["interpreter"] == str(REAL_TORCH_PYTHON))
+    assert env["discovered"] == "venv" and env["torch"]["cuda"] == "13.0"
+    assert "TORCH_IN_UNINSPECTED_ENV" not in [f["code"] for f in target["findings"]]
+
+    pinned = run_cli("probe", "--local", "--python", "python3", "--json")
+    assert pinned.exit_code in (0, EXIT_FINDINGS), pinned.stderr
+    [target] = pinned.json()["targets"]
+    assert [p["interpreter"] for p in target["facts"]["pythons"]] == ["python3"]
+    assert target["facts"]["discovered_pythons"] == []
+    if target["facts"]["torch"] is None:   # this machine's python3 has no torch
+        note = next(f for f in target["findings"] if f["code"] == "TORCH_NOT_FOUND")
+        assert "--python PATH" in note["fix"]["hint"]

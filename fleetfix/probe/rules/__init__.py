@@ -41,8 +41,10 @@ REGISTRY: tuple[Registered, ...] = (
     # host driver
     Registered(driver.driver_libs_mismatch, ("DRIVER_LIBS_MISMATCH",)),
     Registered(driver.driver_too_old, ("DRIVER_TOO_OLD", "DRIVER_BELOW_FULL_FEATURE")),
+    Registered(driver.proprietary_module_on_open_only_gpu, ("DRIVER_PROPRIETARY_MODULE",)),
     Registered(driver.gpu_not_visible, ("GPU_NOT_VISIBLE",)),
     Registered(driver.gpu_passthrough_partial, ("GPU_PASSTHROUGH_PARTIAL",)),
+    Registered(driver.cuda_unavailable_with_devices, ("CUDA_UNAVAILABLE_WITH_DEVICES",)),
     # CUDA toolkit
     Registered(toolkit.runtime_without_toolkit, ("CUDA_RUNTIME_WITHOUT_TOOLKIT",)),
     Registered(toolkit.toolkit_mismatch, ("CUDA_TOOLKIT_MAJOR_MISMATCH", "CUDA_TOOLKIT_MINOR_MISMATCH")),
@@ -76,9 +78,10 @@ REGISTRY: tuple[Registered, ...] = (
     # extensions
     Registered(extensions.extension_broken, ("EXTENSION_NOT_BUILT", "EXTENSION_IMPORT_FAILED")),
     Registered(extensions.extension_missing, ("EXTENSION_MISSING",)),
+    Registered(extensions.sm103_miscompiled, ("EXTENSION_WRONG_RESULTS",)),
+    Registered(extensions.extension_from_hub, ("EXTENSION_FROM_HUB",)),
     # notes
     Registered(pythons.python_problems, ("PYTHON_NOT_FOUND", "PYTHON_PROBE_FAILED")),
-    Registered(pythons.torch_in_uninspected_env, ("TORCH_IN_UNINSPECTED_ENV",)),
     Registered(pythons.torch_notes, ("TORCH_NOT_FOUND", "TORCH_CPU_ONLY")),
 )
 

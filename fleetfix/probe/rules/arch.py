@@ -8,14 +8,14 @@ from collections.abc import Iterator
 from fleetfix.probe.facts import Nvcc
 from fleetfix.probe.rules.base import Context, Finding, Severity, dotted, finding, major_minor
 from fleetfix.probe.rules.route import toolkit_fix
-from fleetfix.probe.rules.tables import CUDA13_DROPPED_BELOW, oldest_nvcc_for
+from fleetfix.probe.rules.tables import CUDA13_DROPPED_BELOW, TORCH_CUDA_BUILDS, oldest_nvcc_for
 
 
 def build_nvcc(ctx: Context) -> tuple[Nvcc | None, str]:
     """The nvcc a build without an explicit CUDA_HOME picks, in torch's own order (_find_cuda_home:
     CUDA_HOME, CUDA_PATH, nvcc on PATH, /usr/local/cuda), and where it came from."""
     cuda = ctx.facts.cuda
-    env_home = ctx.facts.cuda.env_cuda_home
+    env_home = cuda.env_cuda_home_target or cuda.env_cuda_home   # a symlink names what it points at
     if env_home:
         toolkit = cuda.toolkit_at(env_home.rstrip("/"))
         if toolkit and toolkit.nvcc and toolkit.version:
@@ -111,6 +111,27 @@ def torch_wheel_lacks_arch(ctx: Context) -> Iterator[Finding]:
                 {"interpreter": env.interpreter, "torch_version": torch.version, "torch_cuda": torch.cuda,
                  "arch_list": arch_list, "compute_cap": cap, "gpu_names": ctx.facts.gpu.names,
                  "confirmed_by_deep": confirmed},
-                hint="install a torch build whose arch list covers the GPU (for Maxwell/Pascal/Volta a "
-                     "CUDA 12.6 wheel, whose list still starts at 5.0), or move the workload to a newer GPU",
+                hint=_build_hint(mm),
             )
+
+
+def torch_build_for(cap: tuple[int, int]) -> tuple[tuple[int, int], str] | None:
+    """The newest torch release (of tables.TORCH_CUDA_BUILDS) and its newest CUDA build whose kernels run
+    on a GPU of this compute capability, or None when no build there does."""
+    for release in sorted(TORCH_CUDA_BUILDS, reverse=True):
+        builds = TORCH_CUDA_BUILDS[release]
+        for cuda in sorted(builds, key=lambda v: tuple(int(p) for p in v.split(".")), reverse=True):
+            if _runs_on(list(builds[cuda]), cap):
+                return release, cuda
+    return None
+
+
+def _build_hint(cap: tuple[int, int]) -> str:
+    found = torch_build_for(cap)
+    if found is None:
+        return "no torch build in fleetfix's table has kernels for this GPU: move the workload to a newer GPU"
+    (major, minor), cuda = found
+    tag = "cu" + cuda.replace(".", "")
+    return (f"install a torch build whose arch list covers sm_{cap[0]}{cap[1]}: torch {major}.{minor} {tag} "
+            f"(pip install 'torch=={major}.{minor}.*' --index-url https://download.pytorch.org/whl/{tag}), "
+            f"then the CUDA {cuda} toolkit for building extensions")

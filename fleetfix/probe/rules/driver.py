@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from fleetfix.probe.facts import version_tuple
 from fleetfix.probe.rules.base import Context, Finding, Severity, dotted, finding, major_minor
-from fleetfix.probe.rules.tables import FULL_FEATURE_DRIVER, MIN_DRIVER_BY_MAJOR
+from fleetfix.probe.rules.tables import FULL_FEATURE_DRIVER, MIN_DRIVER_BY_MAJOR, needs_open_kernel_module
 
 
 def driver_libs_mismatch(ctx: Context) -> Iterator[Finding]:
@@ -92,3 +92,53 @@ def gpu_passthrough_partial(ctx: Context) -> Iterator[Finding]:
         hint="add the missing devices to /etc/pve/lxc/<id>.conf (lxc.mount.entry ... create=file, or devN:) "
              "and allow nvidia-uvm's major, which is dynamic (ls -l /dev/nvidia-uvm on the host)",
     )
+
+
+def proprietary_module_on_open_only_gpu(ctx: Context) -> Iterator[Finding]:
+    """Blackwell data-center GPUs and Grace Hopper are driven only by NVIDIA's open kernel modules; the
+    node's /proc/driver/nvidia/version says which flavor is loaded (tables.needs_open_kernel_module)."""
+    node = ctx.node
+    if node is None or node.kernel_module_flavor != "proprietary":
+        return
+    gpu = ctx.facts.gpu
+    caps = set(gpu.compute_caps) | {c for env in ctx.facts.pythons if env.deep for c in env.deep.capabilities}
+    needing = sorted({why for why in (needs_open_kernel_module(cap, None) for cap in caps) if why}
+                     | {why for why in (needs_open_kernel_module(None, name) for name in gpu.names) if why})
+    if not needing:
+        return
+    yield finding(
+        "DRIVER_PROPRIETARY_MODULE", Severity.ERROR,
+        f"the node runs NVIDIA's proprietary kernel module, but {'; '.join(needing)}: NVIDIA supports "
+        "these GPUs only with the open kernel modules",
+        {"kernel_module_flavor": node.kernel_module_flavor, "nvrm_line": node.nvrm_line,
+         "compute_caps": sorted(caps), "gpu_names": gpu.names},
+        hint="on the node, install the same driver version's open flavor (from NVIDIA's repo: nvidia-open; "
+             "the .run file: --kernel-module-type=open) and reboot; the container needs no change",
+    )
+
+
+def cuda_unavailable_with_devices(ctx: Context) -> Iterator[Finding]:
+    """--deep imported torch and CUDA did not initialise although every device node is there: the nodes
+    exist but cannot be opened (a cgroup device rule for the wrong major, typically nvidia-uvm's, which
+    is dynamic), or the driver underneath is unusable. Not judged without --deep, nor with a node
+    missing (GPU_PASSTHROUGH_PARTIAL says that)."""
+    devices = set(ctx.facts.gpu.devices)
+    gpus = sorted(d for d in devices if d[len("/dev/nvidia"):].isdigit())
+    if not gpus or not {"/dev/nvidiactl", "/dev/nvidia-uvm"} <= devices:
+        return
+    for env in ctx.facts.torch_envs:
+        deep = env.deep
+        if env.torch is None or not env.torch.cuda or deep is None or deep.error:
+            continue
+        if deep.cuda_available is not False:
+            continue
+        yield finding(
+            "CUDA_UNAVAILABLE_WITH_DEVICES", Severity.ERROR,
+            f"torch {env.torch.version} in {env.interpreter} reports torch.cuda.is_available() False "
+            f"although {', '.join(sorted(devices))} are all present: the device nodes cannot be used",
+            {"interpreter": env.interpreter, "torch_version": env.torch.version, "torch_cuda": env.torch.cuda,
+             "devices": sorted(devices), "nvidia_smi_error": ctx.facts.gpu.smi_error},
+            hint="on the node, compare `ls -l /dev/nvidia*` (majors: 195 for nvidia*, nvidia-uvm's is "
+                 "dynamic) with the container's lxc.cgroup2.devices.allow lines: each major must be allowed "
+                 "(c MAJOR:* rwm); then restart the container",
+        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from fleetfix.probe.facts import PythonEnv
+from fleetfix.probe.facts import PythonEnv, version_tuple
 from fleetfix.probe.rules.base import BUILD_EXTENSIONS_PLAYBOOK, Context, Finding, Severity, finding
 
 # Extension -> the slow path a model takes without it (DOMAIN.md 3.4, 3.5).
@@ -24,15 +24,24 @@ FALLBACKS: dict[str, str] = {
         "torch_recurrent_gated_delta_rule"
     ),
     "flash_attn": "attention falls back to the sdpa/eager implementation",
-    "mamba_ssm": "Mamba layers fall back to the slow reference scan",
+    "mamba_ssm": (
+        "Mamba-family layers (Mamba, Mamba2, FalconMamba, Jamba, Bamba, GraniteMoeHybrid) fall back to the "
+        "slow reference scan: transformers takes their fast path only with both mamba-ssm and causal-conv1d"
+    ),
 }
 # Which missing extension is implied by which present one. Only one way round: fla's GatedDeltaNet and
-# mamba_ssm run their fast path through causal_conv1d, but causal_conv1d on its own is a complete install
-# (transformers' Mamba-family models call it without fla), so it implies nothing. A team that wants fla
-# everywhere lists it in the inventory's required_extensions.
+# mamba_ssm run their fast path through causal_conv1d (transformers 5.0's modeling_mamba.py:
+# `is_fast_path_available = all((selective_state_update, selective_scan_fn, causal_conv1d_fn,
+# causal_conv1d_update, mamba_inner_fn))`, the first two and the last from mamba-ssm); but causal_conv1d
+# without mamba_ssm serves Qwen3-Next / Qwen3.5 (DOMAIN.md 3.5), so it implies nothing. A team that runs
+# Mamba-family models lists mamba_ssm in the inventory's required_extensions.
 PARTNERS: dict[str, tuple[str, ...]] = {
     "causal_conv1d": ("fla", "mamba_ssm"),
 }
+MAMBA_NEEDS_BOTH = (
+    "Mamba-family models (Mamba, Mamba2, FalconMamba, Jamba, Bamba, GraniteMoeHybrid) take transformers' "
+    "fast path only with both mamba-ssm and causal-conv1d, and fall back to the slow reference path"
+)
 # Compiled modules a complete install may lack: since state-spaces/mamba PR #977 ("Make CUDA selective
 # scan install explicit opt-in", MAMBA_KEEP_CUDA_BUILD) mamba_ssm installs without selective_scan_cuda,
 # which only Mamba-1 needs; Mamba-2 runs on its Triton kernels (DOMAIN.md 3.2).
@@ -88,16 +97,87 @@ def extension_missing(ctx: Context) -> Iterator[Finding]:
                 continue
             why = f"{', '.join(partners)} is installed and needs it" if partners else "required by inventory"
             fallback = FALLBACKS.get(name, "slow path")
+            if name == "causal_conv1d" and "mamba_ssm" in partners:
+                fallback += f"; {MAMBA_NEEDS_BOTH}"
             if name in ("causal_conv1d", "fla"):
                 fallback += f"; transformers logs: '{QWEN_FAST_PATH_WARNING}'"
             compiled = env.extensions[name].compiled_module
             check = f"import {name}" + (f" and {compiled}" if compiled else "")
+            summary = FALLBACKS.get(name, "slow path")
+            if name == "causal_conv1d" and "mamba_ssm" in partners:
+                summary = MAMBA_NEEDS_BOTH
             yield finding(
                 "EXTENSION_MISSING", Severity.WARNING,
-                f"{name} is not installed in {env.interpreter} ({why}): {FALLBACKS.get(name, 'slow path')}",
+                f"{name} is not installed in {env.interpreter} ({why}): {summary}",
                 {"interpreter": env.interpreter, "extension": name, "present": sorted(present),
                  "fallback": fallback},
                 **_build_fix(env, [name]),
                 hint=f"build it: CUDA_HOME=/usr/local/cuda-{_cuda_of(env)} MAX_JOBS=4 pip install "
                      f"--no-build-isolation {name.replace('_', '-')}, then {check}",
             )
+
+
+# Extensions whose import name differs from the name transformers' Hub mapping uses.
+HUB_NAMES: dict[str, str] = {"causal_conv1d": "causal-conv1d", "mamba_ssm": "mamba-ssm"}
+
+
+def extension_from_hub(ctx: Context) -> Iterator[Finding]:
+    """transformers 5.0 with the `kernels` package importable loads causal-conv1d and mamba-ssm from the
+    Hugging Face Hub (kernels-community/...) instead of the local build: its integrations/hub_kernels.py's
+    lazy_load_kernel takes `get_kernel(repo_id, ...)` whenever `_kernels_available` (kernels imported),
+    whatever USE_HUB_KERNELS says (that switch only gates the layer decorators), and falls back to the
+    local package only when kernels is missing. A node that cannot reach the Hub then has no fast path
+    from the extension it built. transformers 5.25 imports the local package first and maps no extension
+    to the Hub, so the fact (the mapping's keys) tells the two kinds apart."""
+    for env in ctx.facts.torch_envs:
+        hub = env.hub_kernels
+        if hub is None or not hub.kernels or not _cuda_of(env):
+            continue
+        local = sorted(name for name, ext in env.extensions.items() if ext.present and HUB_NAMES.get(name)
+                       in hub.hub_mapped)
+        if not local:
+            continue
+        yield finding(
+            "EXTENSION_FROM_HUB", Severity.WARNING,
+            f"transformers {hub.transformers or '?'} with kernels {hub.kernels} in {env.interpreter} takes "
+            f"{', '.join(HUB_NAMES[n] for n in local)} from the Hugging Face Hub, not the local build: a "
+            "node that cannot reach the Hub has no fast path for Mamba-family models",
+            {"interpreter": env.interpreter, "transformers": hub.transformers, "kernels": hub.kernels,
+             "hub_mapped": hub.hub_mapped, "local_extensions": local},
+            hint=f"uninstall `kernels` from this env ({env.interpreter} -m pip uninstall kernels: "
+                 "transformers then imports the local packages), or upgrade transformers to a release that "
+                 "uses the local package first (5.25.0 does)",
+        )
+
+
+# causal-conv1d's setup.py compiles `arch=compute_103,code=sm_103` whenever nvcc >= 13.0 (read in the
+# 1.7.0 sdist, the newest release); nvcc 13.x miscompiles causal_conv1d_fwd/update for sm_103, which then
+# give wrong output on a B300 (Dao-AILab/causal-conv1d#105: max_abs_diff 0.4-0.6 in BF16, sm_100-only
+# builds bit-exact; the fix, #106, skips that gencode and was not in a release when last checked).
+SM103_MISCOMPILE_FIXED_AFTER = (1, 7, 0)
+
+
+def sm103_miscompiled(ctx: Context) -> Iterator[Finding]:
+    deep_caps = {c for e in ctx.facts.pythons if e.deep for c in e.deep.capabilities}
+    caps = set(ctx.facts.gpu.compute_caps) | deep_caps
+    if "10.3" not in caps:
+        return
+    for env in ctx.facts.torch_envs:
+        ext = env.extensions.get("causal_conv1d")
+        cuda = version_tuple(_cuda_of(env))
+        version = version_tuple((ext.version or "").split("+")[0].split(".post")[0]) if ext else None
+        if not (ext and ext.present and ext.compiled_present and cuda and cuda[0] >= 13):
+            continue
+        if version is not None and version > SM103_MISCOMPILE_FIXED_AFTER:
+            continue
+        yield finding(
+            "EXTENSION_WRONG_RESULTS", Severity.ERROR,
+            f"causal-conv1d {ext.version or '?'} in {env.interpreter} on this B300 (sm_103): built for "
+            f"torch's CUDA {_cuda_of(env)}, its setup.py adds an sm_103 cubin that nvcc 13.x miscompiles, "
+            "and causal_conv1d_fwd/update then return wrong values without an error",
+            {"interpreter": env.interpreter, "extension": "causal_conv1d", "version": ext.version,
+             "torch_cuda": _cuda_of(env), "compute_caps": sorted(caps)},
+            hint="rebuild it for sm_100 only (sm_100 code runs on a 10.3 GPU): drop the compute_103 gencode "
+                 "from its setup.py as in Dao-AILab/causal-conv1d#106, then check its output against "
+                 "F.conv1d on the GPU",
+        )

@@ -24,7 +24,12 @@ from fleetfix.probe.rules.base import (
     dotted,
     major_minor,
 )
-from fleetfix.probe.rules.tables import PIP_NVCC_FROM, REPO_OLDEST_CUDA, oldest_nvcc_for_glibc
+from fleetfix.probe.rules.tables import (
+    PIP_NVCC_FROM,
+    REPO_NEWEST_CUDA,
+    REPO_OLDEST_CUDA,
+    oldest_nvcc_for_glibc,
+)
 
 # The torch index that serves CUDA 13.0 builds (pytorch.org's "Get started" command for CUDA 13.0).
 TORCH_CU130_INDEX = "https://download.pytorch.org/whl/cu130"
@@ -79,6 +84,9 @@ def _apt_route(ctx: Context, cuda: str) -> Route | None:
     if oldest and wanted and wanted < oldest:
         return Route("pip", f"NVIDIA's {distro}/{arch} repository starts at CUDA {dotted(oldest)}",
                      repo_lacks=True)
+    newest = REPO_NEWEST_CUDA.get(distro or "")
+    if newest and wanted and wanted > newest:
+        return Route("pip", f"NVIDIA's {distro} repository ends at CUDA {dotted(newest)}", repo_lacks=True)
     if apt.uses_sqv and distro != "debian13":
         return Route("pip", f"apt's sqv rejects the SHA-1-bound key of NVIDIA's {distro} repository")
     return None

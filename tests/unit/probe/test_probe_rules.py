@@ -149,6 +149,14 @@ class Case:
 
 
 NO_EDIT: Edit = chain()
+# /proc/driver/nvidia/version's NVRM line of the proprietary flavor (DOMAIN.md 4.2 quotes both forms).
+PROPRIETARY_NVRM = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.06  Wed Feb 26 01:45:26 UTC 2025"
+OPEN_NVRM = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.95.05  Release Build"
+DEEP_NO_CUDA = {"cuda_available": False, "device_count": 0, "capabilities": [], "arch_list": [],
+                "error": None}
+# What the probe reads from transformers 5.0.0's integrations/hub_kernels.py (_HUB_KERNEL_MAPPING's keys).
+TRANSFORMERS_5_0_WITH_KERNELS = {"transformers": "5.0.0", "kernels": "0.10.2",
+                                 "hub_mapped": ["causal-conv1d", "mamba-ssm", "falcon_mamba-ssm"]}
 KEYRING_SB = "/usr/share/keyrings/cuda-archive-keyring.gpg"
 
 CASES: dict[str, Case] = {
@@ -164,10 +172,18 @@ CASES: dict[str, Case] = {
                          set_in("gpu.driver_libs", [{"file": "/usr/lib/x86_64-linux-gnu/libcuda.so.550.135",
                                                      "version": "550.135"}])),
         Severity.WARNING, evidence=("full_feature_driver", "570.26")),
+    "DRIVER_PROPRIETARY_MODULE": Case(
+        "healthy", chain(set_in("gpu.names", ["NVIDIA B200"]), set_in("gpu.compute_caps", ["10.0"])),
+        Severity.ERROR, node=NodeFacts(kernel_module_version="570.124.06", kernel_module_flavor="proprietary",
+                                       nvrm_line=PROPRIETARY_NVRM),
+        evidence=("kernel_module_flavor", "proprietary")),
     "GPU_NOT_VISIBLE": Case("healthy", set_in("gpu.devices", []), Severity.INFO),
     "GPU_PASSTHROUGH_PARTIAL": Case(
         "healthy", set_in("gpu.devices", ["/dev/nvidia0", "/dev/nvidiactl"]), Severity.ERROR,
         evidence=("missing", ["/dev/nvidia-uvm"])),
+    "CUDA_UNAVAILABLE_WITH_DEVICES": Case(
+        "healthy", set_in("pythons.0.deep", DEEP_NO_CUDA), Severity.ERROR,
+        evidence=("devices", ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia0", "/dev/nvidiactl"])),
     "CUDA_RUNTIME_WITHOUT_TOOLKIT": Case(
         "problem_case", NO_EDIT, Severity.ERROR, evidence=("torch_cuda", "12.8")),
     "CUDA_TOOLKIT_MAJOR_MISMATCH": Case(
@@ -283,18 +299,21 @@ CASES: dict[str, Case] = {
         Severity.ERROR, evidence=("importable", False)),
     "EXTENSION_MISSING": Case(
         "problem_case", NO_EDIT, Severity.WARNING, evidence=("extension", "causal_conv1d")),
+    "EXTENSION_WRONG_RESULTS": Case(
+        "healthy", chain(set_in("pythons.0.torch.cuda", "13.0"),
+                         set_in("pythons.0.torch.version", "2.14.1+cu130"),
+                         set_in("gpu.names", ["NVIDIA B300 SXM6 AC"]), set_in("gpu.compute_caps", ["10.3"]),
+                         set_in("pythons.0.extensions.causal_conv1d.version", "1.7.0")),
+        Severity.ERROR, evidence=("version", "1.7.0")),
+    "EXTENSION_FROM_HUB": Case(
+        "healthy", set_in("pythons.0.hub_kernels", TRANSFORMERS_5_0_WITH_KERNELS), Severity.WARNING,
+        evidence=("local_extensions", ["causal_conv1d"])),
     "PYTHON_NOT_FOUND": Case("no_python", NO_EDIT, Severity.INFO, evidence=("interpreter", "python3")),
     "PYTHON_PROBE_FAILED": Case(
         "healthy", lambda d: d["pythons"].append({"interpreter": "python", "found": True,
                                                   "executable": "/usr/bin/python",
                                                   "error": "interpreter ran but printed no probe result"}),
         Severity.WARNING),
-    "TORCH_IN_UNINSPECTED_ENV": Case(
-        "local_debian12_nvcc13", set_in("discovered_pythons", [{
-            "path": "/opt/train/venv/bin/python3", "source": "venv", "prefix": "/opt/train/venv",
-            "inspected": False, "torch": {"version": "2.11.0+cu128", "cuda": "12.8",
-                                          "path": "/opt/train/venv/lib/python3.11/site-packages/torch"}}]),
-        Severity.WARNING, evidence=("prefix", "/opt/train/venv")),
     "TORCH_NOT_FOUND": Case("local_debian12_nvcc13", NO_EDIT, Severity.INFO),
     "TORCH_CPU_ONLY": Case(
         "healthy",
@@ -731,3 +750,98 @@ def test_deep_arch_list_confirms() -> None:
         set_in("pythons.0.torch.arch_list", None), set_in("gpu.compute_caps", ["6.0"]),
         set_in("pythons.0.deep", deep)))), "TORCH_WHEEL_LACKS_ARCH")
     assert finding.evidence["confirmed_by_deep"] is True
+
+
+def test_a_rocm_torch_is_not_cpu_only() -> None:
+    # torch/version.py of a ROCm build: cuda None, hip set (a 2.3.0.dev20240308+rocm6.0 nightly's values).
+    rocm = diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.cuda", None), set_in("pythons.0.torch.hip", "6.0.32830-d62f6a171"),
+        set_in("pythons.0.torch.version", "2.3.0.dev20240308+rocm6.0"))))
+    assert "TORCH_CPU_ONLY" not in [f.code for f in rocm]
+
+
+def test_the_open_module_or_another_gpu_is_no_finding() -> None:
+    b200 = chain(set_in("gpu.names", ["NVIDIA B200"]), set_in("gpu.compute_caps", ["10.0"]))
+    open_node = NodeFacts(kernel_module_version="580.95.05", kernel_module_flavor="open", nvrm_line=OPEN_NVRM)
+    assert "DRIVER_PROPRIETARY_MODULE" not in [f.code for f in diagnose(edited("healthy", b200), open_node)]
+    proprietary = NodeFacts(kernel_module_version="570.124.06", kernel_module_flavor="proprietary",
+                            nvrm_line=PROPRIETARY_NVRM)
+    assert "DRIVER_PROPRIETARY_MODULE" not in [f.code for f in diagnose(facts_of(load_fixture("healthy")),
+                                                                       proprietary)]   # an H200
+    gh200 = set_in("gpu.names", ["NVIDIA GH200 480GB"])
+    finding = only(diagnose(edited("healthy", gh200), proprietary), "DRIVER_PROPRIETARY_MODULE")
+    assert "Grace Hopper" in finding.summary
+
+
+def test_no_cuda_with_a_device_node_missing_is_the_partial_passthrough_finding_only() -> None:
+    codes = [f.code for f in diagnose(edited("healthy", chain(
+        set_in("pythons.0.deep", DEEP_NO_CUDA), set_in("gpu.devices", ["/dev/nvidia0", "/dev/nvidiactl"]))))]
+    assert "GPU_PASSTHROUGH_PARTIAL" in codes and "CUDA_UNAVAILABLE_WITH_DEVICES" not in codes
+    working = {**DEEP_NO_CUDA, "cuda_available": True}
+    assert diagnose(edited("healthy", set_in("pythons.0.deep", working))) == []
+
+
+def test_hub_kernels_of_a_release_that_maps_none_or_without_kernels_is_no_finding() -> None:
+    later = {"transformers": "5.25.0", "kernels": "0.19.1",
+             "hub_mapped": ["finegrained-fp8", "deep-gemm", "sonic-moe", "nvfp4"]}
+    assert diagnose(edited("healthy", set_in("pythons.0.hub_kernels", later))) == []
+    no_kernels = {**TRANSFORMERS_5_0_WITH_KERNELS, "kernels": None}
+    assert diagnose(edited("healthy", set_in("pythons.0.hub_kernels", no_kernels))) == []
+
+
+def test_causal_conv1d_on_a_b300_is_fine_with_a_cuda_12_build_or_on_another_gpu() -> None:
+    b300 = chain(set_in("gpu.names", ["NVIDIA B300 SXM6 AC"]), set_in("gpu.compute_caps", ["10.3"]))
+    assert "EXTENSION_WRONG_RESULTS" not in [f.code for f in diagnose(edited("healthy", b300))]  # cu128
+    cu130 = chain(set_in("pythons.0.torch.cuda", "13.0"), set_in("pythons.0.torch.version", "2.14.1+cu130"))
+    assert "EXTENSION_WRONG_RESULTS" not in [f.code for f in diagnose(edited("healthy", cu130))]  # an H200
+
+
+@pytest.mark.parametrize(("cap", "hint"), [
+    ("6.1", "torch 2.14 cu126"), ("7.0", "torch 2.14 cu126"), ("10.3", "torch 2.14 cu132"),
+    ("12.0", "torch 2.14 cu132"),
+])
+def test_the_wheel_hint_names_a_torch_build_that_covers_the_gpu(cap: str, hint: str) -> None:
+    lacking = ["sm_80"] if cap != "6.1" else ["sm_75", "sm_80"]
+    finding = only(diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.arch_list", lacking), set_in("gpu.compute_caps", [cap])))),
+        "TORCH_WHEEL_LACKS_ARCH")
+    assert hint in finding.fix.hint
+
+
+def test_driver_table_runs_through_cuda_13_3() -> None:
+    finding = only(diagnose(edited("healthy", chain(
+        set_in("pythons.0.torch.cuda", "13.3"), set_in("gpu.driver_version", "595.71.05")))),
+        "DRIVER_BELOW_FULL_FEATURE")
+    assert finding.evidence["full_feature_driver"] == "610.43.02"
+
+
+def test_cuda_home_set_to_the_symlink_is_judged_as_the_toolkit_it_points_at() -> None:
+    facts = edited("healthy", chain(
+        set_in("cuda.toolkits", [toolkit("12.8", "93"), toolkit("13.0", "88")]),
+        set_in("cuda.default_link", "/usr/local/cuda-13.0"),
+        set_in("cuda.env_cuda_home", "/usr/local/cuda"),
+        set_in("cuda.env_cuda_home_target", "/usr/local/cuda-13.0"),
+        set_in("cuda.env_cuda_home_file", "/etc/environment")))
+    finding = only(diagnose(facts), "BUILD_PICKS_OTHER_NVCC")
+    assert (finding.evidence["nvcc_source"], finding.evidence["set_in"]) == ("CUDA_HOME", "/etc/environment")
+    assert finding.evidence["nvcc_version"] == "13.0" and finding.severity is Severity.ERROR
+
+
+def test_ubuntu_2004s_repository_ends_at_cuda_12_9() -> None:
+    focal = chain(set_in("os.id", "ubuntu"), set_in("os.version_id", "20.04"), set_in("os.codename", "focal"))
+    cu130 = chain(focal, set_in("pythons.0.torch.cuda", "13.0"),
+                  set_in("pythons.0.torch.version", "2.14.1+cu130"))
+    lacks = only(diagnose(edited("problem_case", cu130)), "NVIDIA_REPO_LACKS_CUDA")
+    assert lacks.evidence["nvidia_distro"] == "ubuntu2004" and "ends at CUDA 12.9" in lacks.evidence["why"]
+    assert lacks.fix.playbook == CUDA_TOOLKIT_PIP_PLAYBOOK
+    codes = [f.code for f in diagnose(edited("problem_case", focal))]   # torch cu128: apt serves it
+    assert "NVIDIA_REPO_LACKS_CUDA" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" in codes
+
+
+def test_mamba_ssm_without_causal_conv1d_names_the_mamba_fast_path() -> None:
+    facts = edited("healthy", chain(
+        set_in("pythons.0.extensions.mamba_ssm", ext(True, compiled=True, module="selective_scan_cuda")),
+        set_in("pythons.0.extensions.causal_conv1d", ext(False, module="causal_conv1d_cuda"))))
+    finding = only(diagnose(facts), "EXTENSION_MISSING")
+    assert finding.evidence["extension"] == "causal_conv1d" and "mamba_ssm" in finding.evidence["present"]
+    assert "Mamba-family" in finding.summary and "both mamba-ssm and causal-conv1d" in finding.summary

@@ -15,7 +15,14 @@ import pytest
 from probe_testkit import FakeBin, fake_nvcc, probe_facts, run_probe, write
 
 from fleetfix.errors import ProbeOutputError
-from fleetfix.probe import Facts, build_node_script, build_probe_script, parse_facts, parse_node_facts
+from fleetfix.probe import (
+    Facts,
+    build_node_script,
+    build_probe_script,
+    diagnose,
+    parse_facts,
+    parse_node_facts,
+)
 
 KEY_7FA2AF80 = bytes.fromhex("F60F4B3D7FA2AF80")
 KEY_3BF863CC = bytes.fromhex("A4B469963BF863CC")
@@ -408,6 +415,17 @@ def test_cuda_home_for_logins_and_apts_own_index_of_nvidia_repos(fakeroot: Path,
     assert facts.apt.apt_key is False   # no apt-key among the fake commands
 
 
+def test_cuda_home_through_the_default_symlink_names_the_toolkit(fakeroot: Path, fakebin: FakeBin) -> None:
+    fake_nvcc(fakeroot, "usr/local/cuda-12.8/bin/nvcc", "12.8", "V12.8.93")
+    fake_nvcc(fakeroot, "usr/local/cuda-13.0/bin/nvcc", "13.0", "V13.0.88")
+    (fakeroot / "usr/local/cuda").symlink_to("cuda-13.0")          # relative, as update-alternatives makes
+    write(fakeroot, "etc/environment", "CUDA_HOME=/usr/local/cuda/\n")
+    facts = probe(fakeroot, fakebin)
+    assert facts.cuda.env_cuda_home == "/usr/local/cuda/"
+    assert facts.cuda.env_cuda_home_target == "/usr/local/cuda-13.0"
+    assert facts.cuda.toolkit_at(facts.cuda.env_cuda_home_target) is not None
+
+
 def test_no_index_and_no_cuda_home_are_unknown_not_false(fakeroot: Path, fakebin: FakeBin) -> None:
     facts = probe(fakeroot, fakebin)
     assert facts.cuda.env_cuda_home is None
@@ -444,13 +462,41 @@ def test_discovers_venvs_and_conda_envs_with_torch_read_as_text(fakeroot: Path, 
     write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
     write(fakeroot, "opt/conda/envs/infer/lib/python3.12/site-packages/torch/version.py",
           "__version__ = '2.9.1+cpu'\ncuda = None\n")
-    found = {d.path: d for d in probe(fakeroot, fakebin).discovered_pythons}
+    facts = probe(fakeroot, fakebin)
+    found = {d.path: d for d in facts.discovered_pythons}
     train = found["/opt/train/venv/bin/python3"]
-    assert (train.source, train.prefix, train.inspected) == ("venv", "/opt/train/venv", False)
+    assert (train.source, train.prefix, train.inspected) == ("venv", "/opt/train/venv", True)
     assert train.torch is not None and (train.torch.version, train.torch.cuda) == ("2.11.0+cu128", "12.8")
     infer = found["/opt/conda/envs/infer/bin/python3"]
     assert infer.source == "conda" and infer.torch is not None and infer.torch.cuda is None
-    assert found["/root/.venv/bin/python3"].torch is None
+    assert infer.inspected is True
+    bare = found["/root/.venv/bin/python3"]
+    assert bare.torch is None and bare.inspected is False      # no torch: not worth inspecting
+    # The envs with torch were handed to the full inspection, tagged with how they were found (paths
+    # below the fake root do not exist on this machine, so each comes back as not found).
+    assert [(p.interpreter, p.discovered) for p in facts.pythons] == [
+        ("/opt/train/venv/bin/python3", "venv"), ("/opt/conda/envs/infer/bin/python3", "conda")]
+
+
+def test_pinned_pythons_turn_discovery_off(fakeroot: Path, fakebin: FakeBin) -> None:
+    write(fakeroot, "opt/train/venv/bin/python3", "#!/bin/sh\nexit 99\n")
+    (fakeroot / "opt/train/venv/bin/python3").chmod(0o755)
+    write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
+    facts = probe_facts(build_probe_script(("python3",), discover=False), root=fakeroot,
+                        path=str(fakebin.path), hermetic=True)
+    assert facts.discovered_pythons == []
+    assert [p.interpreter for p in facts.pythons] == ["python3"]
+
+
+def test_a_discovered_env_a_named_interpreter_covers_is_not_inspected_twice(
+    fakeroot: Path, fakebin: FakeBin,
+) -> None:
+    write(fakeroot, "opt/train/venv/bin/python3", "#!/bin/sh\nexit 99\n")
+    (fakeroot / "opt/train/venv/bin/python3").chmod(0o755)
+    write(fakeroot, "opt/train/venv/lib/python3.11/site-packages/torch/version.py", TORCH_VERSION_PY)
+    facts = probe(fakeroot, fakebin, ("/opt/train/venv/bin/python3",))
+    assert [p.interpreter for p in facts.pythons] == ["/opt/train/venv/bin/python3"]
+    assert [d.inspected for d in facts.discovered_pythons] == [True]
 
 
 def test_the_wheels_arch_list_is_read_without_importing_torch_where_a_gpu_is(
@@ -510,3 +556,17 @@ def test_versioned_gxx_beside_the_default(fakeroot: Path, fakebin: FakeBin) -> N
         write(fakeroot, f"usr/bin/{name}", "#!/bin/sh\n", mode=0o755)
     write(fakeroot, "usr/bin/g++-9", "not executable\n")
     assert probe(fakeroot, fakebin).build.gxx_majors == [12, 14]
+
+
+def test_a_rocm_torchs_hip_version_is_read(fakeroot: Path, fakebin: FakeBin, tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    write(site, "torch/__init__.py", "raise SystemExit('torch must not be imported')\n")
+    # A ROCm build's generated version.py: cuda None, hip set (values of a 2.3.0.dev20240308+rocm6.0 one).
+    write(site, "torch/version.py", TORCH_VERSION_PY.replace("'2.11.0+cu128'", "'2.3.0.dev20240308+rocm6.0'")
+          .replace("cuda: Optional[str] = '12.8'", "cuda: Optional[str] = None")
+          .replace("hip: Optional[str] = None", "hip: Optional[str] = '6.0.32830-d62f6a171'"))
+    fakebin.link("python3", sys.executable)
+    facts = probe(fakeroot, fakebin, ("python3",), env={"PYTHONPATH": str(site)})
+    torch = facts.pythons[0].torch
+    assert torch is not None and (torch.cuda, torch.hip) == (None, "6.0.32830-d62f6a171")
+    assert "TORCH_CPU_ONLY" not in [f.code for f in diagnose(facts)]

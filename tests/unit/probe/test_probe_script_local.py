@@ -71,7 +71,7 @@ def test_works_with_pcts_forced_path() -> None:
 
 def test_python_less_target_still_gives_valid_json(fakebin: FakeBin) -> None:
     assert not list(fakebin.path.glob("python*"))
-    facts = probe_facts(build_probe_script(), path=str(fakebin.path), hermetic=True)
+    facts = probe_facts(build_probe_script(discover=False), path=str(fakebin.path), hermetic=True)
     assert [(p.interpreter, p.found) for p in facts.pythons] == [("python3", False)]
     assert facts.torch is None
     assert facts.os.id is not None      # everything else is still gathered by sh alone
@@ -79,7 +79,8 @@ def test_python_less_target_still_gives_valid_json(fakebin: FakeBin) -> None:
 
 
 def test_missing_interpreter_is_a_fact_and_others_still_run() -> None:
-    facts = probe_facts(build_probe_script(["/nonexistent/python3", "python3"]), path=PCT_PATH)
+    script = build_probe_script(["/nonexistent/python3", "python3"], discover=False)
+    facts = probe_facts(script, path=PCT_PATH)
     assert [(p.interpreter, p.found) for p in facts.pythons] == [
         ("/nonexistent/python3", False), ("python3", True)]
 
@@ -87,19 +88,39 @@ def test_missing_interpreter_is_a_fact_and_others_still_run() -> None:
 def test_hostile_interpreter_names_are_data_not_code(tmp_path: Path) -> None:
     canary = tmp_path / "pwned"
     hostile = [f"py'; touch {canary}; '", f"$(touch {canary})", f"`touch {canary}`", 'a"b\\c']
-    facts = probe_facts(build_probe_script(hostile))
+    facts = probe_facts(build_probe_script(hostile, discover=False))
     assert [p.interpreter for p in facts.pythons] == hostile
     assert not any(p.found for p in facts.pythons)
     assert not canary.exists()
 
 
-def test_empty_python_list_means_none_inspected() -> None:
-    assert probe_facts(build_probe_script([])).pythons == []
+def test_empty_pinned_python_list_means_none_inspected() -> None:
+    assert probe_facts(build_probe_script([], discover=False)).pythons == []
 
 
-def test_unparameterised_body_defaults_to_python3() -> None:
+def test_unparameterised_body_defaults_to_python3_and_discovery() -> None:
     facts = probe_facts(probe_script_body(), path=PCT_PATH)
-    assert [p.interpreter for p in facts.pythons] == ["python3"]
+    assert facts.pythons[0].interpreter == "python3" and facts.pythons[0].discovered is None
+    assert all(p.discovered for p in facts.pythons[1:])   # whatever discovery found here, tagged
+
+
+REAL_TORCH_VENV = Path("/opt/fleetfix-torch-2.14.1")
+
+
+@pytest.mark.skipif(not (REAL_TORCH_VENV / "bin/python3").exists(), reason="no real torch venv here")
+def test_the_real_torch_venv_is_discovered_and_inspected_in_full() -> None:
+    # The real torch 2.14.1 cu130 wheel in a venv nobody named: before, a note that it was not inspected;
+    # now the same facts a named interpreter gets (its torch read by the interpreter itself).
+    facts = probe_facts(build_probe_script(["python3"]), path=PCT_PATH)
+    env = next(p for p in facts.pythons if p.interpreter == f"{REAL_TORCH_VENV}/bin/python3")
+    assert env.discovered == "venv" and env.found and env.error is None
+    assert env.torch is not None and env.torch.version is not None
+    assert env.torch.version.startswith("2.14.1") and env.torch.cuda == "13.0"
+    assert env.prefix == str(REAL_TORCH_VENV) and env.python_tag is not None
+    [found] = [d for d in facts.discovered_pythons if d.prefix == str(REAL_TORCH_VENV)]
+    assert found.inspected is True
+    pinned = probe_facts(build_probe_script(["python3"], discover=False), path=PCT_PATH)
+    assert [p.interpreter for p in pinned.pythons] == ["python3"] and pinned.discovered_pythons == []
 
 
 def test_children_cannot_eat_the_script_from_stdin(fakebin: FakeBin) -> None:
