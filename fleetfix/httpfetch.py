@@ -204,12 +204,15 @@ class Fetcher:
     authenticator: names the sha256 of each URL before it is fetched (None: no file has one).
     allow_unverified: fetch a file nobody published a digest for anyway (over https only); the operator's
     explicit choice, never a default.
+    inspect: why a fetched file is unusable before anyone opens it (a wheel that unpacks to terabytes),
+    or None; such a file is removed like one whose digest differs.
     """
 
     def __init__(self, *, timeout: float = DEFAULT_TIMEOUT, deadline: float = DEFAULT_DEADLINE,
-                 authenticator: Authenticator | None = None, allow_unverified: bool = False) -> None:
+                 authenticator: Authenticator | None = None, allow_unverified: bool = False,
+                 inspect: Callable[[Path], str | None] | None = None) -> None:
         self.timeout, self.deadline = timeout, deadline
-        self.authenticator, self.allow_unverified = authenticator, allow_unverified
+        self.authenticator, self.allow_unverified, self.inspect = authenticator, allow_unverified, inspect
         self._lock = threading.Lock()
         self._unreachable: dict[str, str] = {}  # origin -> why
         self._answered: set[str] = set()  # origins that sent an HTTP answer (even a 404) in this run
@@ -244,6 +247,9 @@ class Fetcher:
             if expected is not None and sha256 != expected.sha256:
                 raise FetchError(f"{url}: sha256 {sha256} is not {expected.sha256} ({expected.source}); "
                                  "removed")
+            problem = self.inspect(dest) if self.inspect is not None else None
+            if problem is not None:
+                raise FetchError(f"{url.rpartition('/')[2]} refused: {problem}; removed")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 dest.unlink()

@@ -166,12 +166,13 @@ def local_option(func: F) -> F:
 
 
 def resolve(request: TargetRequest) -> Resolution:
-    """The command's targets; discovery's warnings are shown on stderr."""
+    """The command's targets; discovery's warnings are shown on stderr, escaped: they name guests as the
+    Proxmox API (a node) reported them."""
     from fleetfix.inventory.resolve import resolve_targets
 
     resolution = resolve_targets(request)
     for warning in resolution.warnings:
-        click.echo(f"fleetfix: warning: {warning}", err=True)
+        click.echo(f"fleetfix: warning: {safe_line(str(warning))}", err=True)
     return resolution
 
 
@@ -240,12 +241,14 @@ class RolloutOptions:
         from fleetfix.httpfetch import Fetcher
         from fleetfix.playbook.wheels import WheelOptions
         from fleetfix.releasewheels import ReleaseDigests
+        from fleetfix.wheelarchive import archive_problem
         from fleetfix.wheelcache import WheelCache, default_cache_dir
         from fleetfix.wheellock import load_wheel_lock
 
         lock = load_wheel_lock(self.wheel_lock) if self.wheel_lock else None
         root = self.wheel_cache or default_cache_dir(self.records_dir())
-        fetcher = Fetcher(authenticator=ReleaseDigests(lock), allow_unverified=self.allow_unverified_wheels)
+        fetcher = Fetcher(authenticator=ReleaseDigests(lock), allow_unverified=self.allow_unverified_wheels,
+                          inspect=archive_problem)
         return WheelOptions(WheelCache(root, wheelhouses=self.wheelhouses), rebuild=self.rebuild,
                             upstream=fetcher)
 

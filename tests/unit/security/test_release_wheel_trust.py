@@ -3,20 +3,24 @@
 Before: a plain `http://` mirror was fetched with no integrity check; `HTTPS://` (upper case) let a redirect
 to http through; GitHub's `digest` for each release asset was ignored, so a wheel without any digest was
 installed; and a server trickling a byte just inside each read timeout held a download (and the key's build
-lock) for as long as it liked. Every test here talks to loopback stand-ins only.
+lock) for as long as it liked; a wheel was opened whatever it declared it unpacks to. Every test here talks
+to loopback stand-ins only.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import socket
 import threading
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from fleetfix import wheelarchive
 from fleetfix.httpfetch import Fetcher, FetchError
 from fleetfix.releasewheels import ReleaseDigests, parse_release, release_api_url
 from fleetfix.wheellock import load_wheel_lock
@@ -253,3 +257,46 @@ def test_trickled_headers_are_cut_off_too(tmp_path: Path) -> None:
         finally:
             stop.set()
             thread.join(25)
+
+
+# --- what it unpacks to ---------------------------------------------------------------------------------
+
+
+def zipped(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def test_a_wheel_that_unpacks_to_too_much_is_refused_from_its_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Real deflated members; the limits scaled down (the shipped ones are GiB) so the test stays small.
+    monkeypatch.setattr(wheelarchive, "MAX_MEMBER_BYTES", 2 * 1024**2)
+    monkeypatch.setattr(wheelarchive, "MAX_TOTAL_BYTES", 5 * 1024**2)
+    cases = {
+        "ok": (zipped({"m/a.so": bytes(2 * 1024**2), "m-1.dist-info/METADATA": b"Name: m\n"}), None),
+        "member": (zipped({"m/a.so": bytes(2 * 1024**2 + 1)}), "'m/a.so' unpacks to 2097153 bytes"),
+        "total": (zipped({f"m/{n}.so": bytes(2 * 1024**2) for n in range(3)}), "unpacks to 6291456 bytes"),
+        # read whole into memory: the shipped limit, 16 MiB, in 17 MiB of zeros (17 kB deflated)
+        "metadata": (zipped({"m-1.dist-info/METADATA": bytes(17 * 1024**2)}), "'m-1.dist-info/METADATA'"),
+        "not a zip": (b"<html>rate limited</html>", "not a readable wheel"),
+    }
+    for name, (data, problem) in cases.items():
+        path = tmp_path / f"{name}.whl"
+        path.write_bytes(data)
+        found = wheelarchive.archive_problem(path)
+        assert found == problem if problem is None else problem in str(found), (name, found)
+    assert len(cases["metadata"][0]) < 100_000
+
+
+def test_the_fetcher_removes_a_wheel_that_unpacks_to_too_much(tmp_path: Path, trusted_ca: TestCA) -> None:
+    bomb = zipped({"causal_conv1d-1.6.1.dist-info/METADATA": bytes(17 * 1024**2)})
+    files = {ASSET: bomb}
+    with ReleaseServer({**files, **github_api(files)}, tls=trusted_ca) as server:
+        fetcher = Fetcher(timeout=5, authenticator=ReleaseDigests(), inspect=wheelarchive.archive_problem)
+        too_much = r"METADATA' unpacks to 17825792 bytes, over the limit of 16777216"
+        with pytest.raises(FetchError, match=too_much):
+            fetcher.fetch(server.url + ASSET, tmp_path / "a.whl", max_bytes=10**6)
+    assert not (tmp_path / "a.whl").exists()
