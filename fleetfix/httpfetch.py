@@ -96,6 +96,7 @@ class _KeepHttps(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str,
                          headers: Any, newurl: str) -> urllib.request.Request | None:
         if scheme_of(req.full_url) == "https" and scheme_of(newurl) != "https":
+            fp.close()
             raise _Downgrade(f"refused a redirect from https to {newurl}")
         return super().redirect_request(req, fp, code, msg, headers, newurl)
 
@@ -301,7 +302,7 @@ class Fetcher:
                 with response:
                     return self._stream(response, url, write, max_bytes, watchdog)
             except FetchError as error:
-                if watchdog.fired:
+                if watchdog.fired or watchdog.left() <= 0:
                     late = FetchError(f"{url} took over the download deadline of {self.deadline:g} s",
                                       unreachable=True)
                     with self._lock:
