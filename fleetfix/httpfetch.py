@@ -246,16 +246,21 @@ class Fetcher:
                 sink.flush()
                 os.fsync(sink.fileno())
             if expected is not None and sha256 != expected.sha256:
-                raise FetchError(f"{url}: sha256 {sha256} is not {expected.sha256} ({expected.source}); "
-                                 "removed")
+                raise self._refuse(url, f"{url}: sha256 {sha256} is not {expected.sha256} "
+                                        f"({expected.source}); removed")
             problem = self.inspect(dest) if self.inspect is not None else None
             if problem is not None:
-                raise FetchError(f"{url.rpartition('/')[2]} refused: {problem}; removed")
+                raise self._refuse(url, f"{url.rpartition('/')[2]} refused: {problem}; removed")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 dest.unlink()
             raise
         return Fetched(final, size, sha256, expected.source if expected is not None else "")
+
+    def _refuse(self, url: str, reason: str) -> FetchError:
+        """The error for a file that arrived and is not the one wanted; url is not fetched again."""
+        self.refuse(url, reason)
+        return FetchError(reason)
 
     def get(self, url: str, *, max_bytes: int) -> bytes:
         """url's body in memory (an API's answer): https only, under the same bounds as a download."""

@@ -105,6 +105,9 @@ def test_the_api_digest_is_checked_before_the_file_is_kept(tmp_path: Path, trust
             fetcher.fetch(server.url + swapped, tmp_path / "b.whl", max_bytes=10**6)
         assert f"is not {hashlib.sha256(BODY).hexdigest()} (the digest at" in wrong.value.reason
         assert wrong.value.reason.endswith("removed")
+        with pytest.raises(FetchError, match="earlier in this run"):  # not downloaded again in this run
+            fetcher.fetch(server.url + swapped, tmp_path / "b.whl", max_bytes=10**6)
+        assert server.requests[swapped] == 1
         # the API gave the size too: a longer file is refused by its length before its bytes are kept
         with pytest.raises(FetchError, match=f"over the limit of {len(BODY)}"):
             fetcher.fetch(server.url + longer, tmp_path / "c.whl", max_bytes=10**6)
