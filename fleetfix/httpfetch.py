@@ -242,7 +242,8 @@ class Fetcher:
         try:
             with os.fdopen(fd, "wb") as sink:
                 size, sha256, final = self._download(url, sink.write, max_bytes,
-                                                     allow_http=expected is not None and expected.pinned)
+                                                     allow_http=expected is not None and expected.pinned,
+                                                     accept="application/octet-stream")
                 sink.flush()
                 os.fsync(sink.fileno())
             if expected is not None and sha256 != expected.sha256:
@@ -262,10 +263,10 @@ class Fetcher:
         self.refuse(url, reason)
         return FetchError(reason)
 
-    def get(self, url: str, *, max_bytes: int) -> bytes:
+    def get(self, url: str, *, max_bytes: int, accept: str = "application/json") -> bytes:
         """url's body in memory (an API's answer): https only, under the same bounds as a download."""
         buffer = io.BytesIO()
-        self._download(url, buffer.write, max_bytes, allow_http=False)
+        self._download(url, buffer.write, max_bytes, allow_http=False, accept=accept)
         return buffer.getvalue()
 
     def _expected(self, url: str) -> Expected | None:
@@ -286,7 +287,7 @@ class Fetcher:
                          "it in a wheel lock (--wheel-lock), or --allow-unverified-wheels")
 
     def _download(self, url: str, write: Callable[[bytes], object], max_bytes: int, *,
-                  allow_http: bool) -> tuple[int, str, str]:
+                  allow_http: bool, accept: str) -> tuple[int, str, str]:
         """(size, sha256, final URL) of url's body, each chunk handed to write as it arrives."""
         parts = urllib.parse.urlsplit(url)
         scheme = parts.scheme.lower()
@@ -302,8 +303,9 @@ class Fetcher:
             try:
                 # Only the connection is gated, never the body: once the host has answered, downloads of
                 # different keys run side by side.
+                request = urllib.request.Request(url, headers={"User-Agent": "fleetfix", "Accept": accept})
                 with gate or contextlib.nullcontext():
-                    response = self._connect(url, parts.hostname, parts.port or 0, origin, watchdog)
+                    response = self._connect(request, parts.port or 0, origin, watchdog)
                 with response:
                     return self._stream(response, url, write, max_bytes, watchdog)
             except FetchError as error:
@@ -315,17 +317,18 @@ class Fetcher:
                     raise late from None
                 raise error
 
-    def _connect(self, url: str, host: str, port: int, origin: str,
+    def _connect(self, request: urllib.request.Request, port: int, origin: str,
                  watchdog: _Watchdog) -> http.client.HTTPResponse:
-        """The response to url, headers read; the outcome for its origin is remembered before the gate
+        """The response to request, headers read; the outcome for its origin is remembered before the gate
         opens, so whoever waited on it is answered from memory when the host did not answer."""
         with self._lock:
             unreachable = self._unreachable.get(origin)
         if unreachable:
             raise FetchError(f"{unreachable} (earlier in this run)", unreachable=True)
+        host = urllib.parse.urlsplit(request.full_url).hostname or ""
         try:
             self._resolve(host, port, watchdog)
-            response = self._open(url, host, watchdog)
+            response = self._open(request, host, watchdog)
         except FetchError as error:
             with self._lock:
                 if error.unreachable:
@@ -358,14 +361,14 @@ class Fetcher:
         if outcome[0] is not None:
             raise FetchError(f"cannot resolve {host}: {outcome[0]}", unreachable=True)
 
-    def _open(self, url: str, host: str, watchdog: _Watchdog) -> http.client.HTTPResponse:
+    def _open(self, request: urllib.request.Request, host: str,
+              watchdog: _Watchdog) -> http.client.HTTPResponse:
         handlers: list[urllib.request.BaseHandler] = [_KeepHttps(), _WatchedHttp(watchdog),
                                                       _WatchedHttps(watchdog)]
         if _is_loopback(host):
             handlers.append(urllib.request.ProxyHandler({}))
         opener = urllib.request.build_opener(*handlers)
-        request = urllib.request.Request(url, headers={"User-Agent": "fleetfix",
-                                                       "Accept": "application/octet-stream"})
+        url = request.full_url
         try:
             response: http.client.HTTPResponse = opener.open(
                 request, timeout=max(0.001, min(self.timeout, watchdog.left())))

@@ -161,6 +161,9 @@ MAX_API_BYTES = 16 * 1024 * 1024  # one release's JSON: hundreds of assets are a
 _DOWNLOAD_PATH = re.compile(
     r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+)/releases/download/(?P<tag>[^/]+)/(?P<file>[^/]+)$")
 _API_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+# The media type GitHub's REST reference recommends sending ("Setting to application/vnd.github+json is
+# recommended", docs.github.com/en/rest/releases/releases).
+_API_MEDIA_TYPE = "application/vnd.github+json"
 
 
 def release_api_url(url: str) -> str | None:
@@ -217,7 +220,8 @@ class ReleaseDigests:
         with lock:
             if api not in self._releases:
                 try:
-                    self._releases[api] = parse_release(fetcher.get(api, max_bytes=MAX_API_BYTES))
+                    answer = fetcher.get(api, max_bytes=MAX_API_BYTES, accept=_API_MEDIA_TYPE)
+                    self._releases[api] = parse_release(answer)
                 except FetchError as error:
                     self._releases[api] = f"asking {api}: {error.reason}"
             return self._releases[api]

@@ -53,6 +53,7 @@ class ReleaseServer:
         self.files: dict[str, bytes] = dict(files or {})
         self.redirects = dict(redirects or {})
         self.requests: collections.Counter[str] = collections.Counter()
+        self.accepts: dict[str, str | None] = {}  # path -> the Accept header of its last request
         self._lock = threading.Lock()
         server = self
 
@@ -60,6 +61,7 @@ class ReleaseServer:
             def do_GET(self) -> None:
                 with server._lock:
                     server.requests[self.path] += 1
+                    server.accepts[self.path] = self.headers.get("Accept")
                     body = server.files.get(self.path)
                     location = server.redirects.get(self.path)
                 if location is not None:

@@ -112,6 +112,9 @@ def test_the_api_digest_is_checked_before_the_file_is_kept(tmp_path: Path, trust
         with pytest.raises(FetchError, match=f"over the limit of {len(BODY)}"):
             fetcher.fetch(server.url + longer, tmp_path / "c.whl", max_bytes=10**6)
         assert server.requests[release] == 1  # one API request per release and run
+        # asked as GitHub's reference recommends; the file as bytes
+        assert server.accepts[release] == "application/vnd.github+json"
+        assert server.accepts[good] == "application/octet-stream"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["a.whl"]
 
 
