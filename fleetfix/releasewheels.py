@@ -10,18 +10,26 @@ CUDA major, torch major.minor, C++ ABI, Python and platform. Each one's setup.py
 A playbook gives the URL per extension as a template whose placeholders (`PLACEHOLDERS`) this module fills
 from the key. The result's file name is then parsed back and every field compared with the key, so a
 template that hard-codes a field, or a key this scheme cannot express (a pre-release or NGC torch, a CUDA
-major no setup.py maps, an unknown ABI), gives no candidate rather than a wrong wheel. Pure: no I/O.
+major no setup.py maps, an unknown ABI), gives no candidate rather than a wrong wheel. All of that is pure.
+
+`ReleaseDigests` says which sha256 the file must have before it is fetched: the operator's wheel lock
+(`wheellock.py`), else the digest GitHub's REST API publishes for the release asset, asked through the
+run's `Fetcher`.
 """
 
 from __future__ import annotations
 
 import re
 import string
+import threading
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fleetfix import boundedjson
+from fleetfix.httpfetch import Expected, Fetcher, FetchError, scheme_of
 from fleetfix.wheelcache import canonical_name
+from fleetfix.wheellock import WheelLock
 
 PLACEHOLDERS = ("version", "cuda_major", "torch", "cxx11abi", "python_tag", "platform")
 # The key fields the label is derived from (build-extensions.yaml's wheels key has them all).
@@ -131,7 +139,7 @@ def candidate(template: str, key: Mapping[str, str]) -> Candidate | str:
     except (ValueError, IndexError) as error:
         return f"the URL template is malformed ({error})"
     parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
         return f"not an http(s) URL of a file: {url}"
     filename = urllib.parse.unquote(parts.path.rpartition("/")[2])
     problem = mismatch(filename, key)
@@ -141,3 +149,101 @@ def candidate(template: str, key: Mapping[str, str]) -> Candidate | str:
     assert found is not None  # mismatch() parsed it
     tag = f"{found['python_tag']}-{found['abi_tag']}-{found['platform']}"
     return Candidate(url, filename, f"{found['dist']}-{found['version']}-{tag}.whl", tag)
+
+
+# --- which sha256 a release wheel must have ------------------------------------------------------------
+
+GITHUB_API = "https://api.github.com"
+# GitHub Enterprise Server serves the same REST API under /api/v3 of its own host
+# (docs.github.com/en/enterprise-server@3.15/rest/releases/releases: "http(s)://HOSTNAME/api/v3/repos/...").
+ENTERPRISE_API_PATH = "/api/v3"
+MAX_API_BYTES = 16 * 1024 * 1024  # one release's JSON: hundreds of assets are a few hundred kB
+_DOWNLOAD_PATH = re.compile(
+    r"^/(?P<owner>[^/]+)/(?P<repo>[^/]+)/releases/download/(?P<tag>[^/]+)/(?P<file>[^/]+)$")
+_API_DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
+# The media type GitHub's REST reference recommends sending ("Setting to application/vnd.github+json is
+# recommended", docs.github.com/en/rest/releases/releases).
+_API_MEDIA_TYPE = "application/vnd.github+json"
+
+
+def release_api_url(url: str) -> str | None:
+    """The REST API address of the release url is an asset of (GET a release by tag name), or None when
+    url is not a release download at a host's root: github.com's assets are described by api.github.com,
+    any other host's (GitHub Enterprise Server, or a mirror that serves its API too) by its own /api/v3."""
+    parts = urllib.parse.urlsplit(url)
+    found = _DOWNLOAD_PATH.match(parts.path)
+    if found is None or not parts.hostname:
+        return None
+    path = f"/repos/{found['owner']}/{found['repo']}/releases/tags/{found['tag']}"
+    if parts.hostname.lower() == "github.com":
+        return GITHUB_API + path
+    return f"https://{parts.netloc}{ENTERPRISE_API_PATH}{path}"
+
+
+class ReleaseDigests:
+    """Where the sha256 of a release wheel comes from (an `httpfetch.Authenticator`): the operator's wheel
+    lock first (a pin; it authenticates even a plain-http mirror), else the `digest` GitHub's REST API
+    gives each release asset ("sha256:<hex>"; docs/findings.md), asked over https once per release and
+    run. An asset without a digest, an API that does not answer, or an answer that does not parse: no
+    digest, and the fetcher refuses the file unless the operator allowed unverified wheels."""
+
+    def __init__(self, lock: WheelLock | None = None) -> None:
+        self.lock = lock
+        self._releases: dict[str, dict[str, tuple[str | None, int | None]] | str] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def expected(self, url: str, fetcher: Fetcher) -> Expected | str:
+        pin = self.lock.pin(url) if self.lock is not None else None
+        if pin is not None:
+            return Expected(pin.sha256, f"pinned at {pin.where}", pinned=True)
+        if scheme_of(url) != "https":  # the API's word is over https; only the operator's pin is more
+            return "not pinned in the wheel lock"
+        api = release_api_url(url)
+        if api is None:
+            return "not a release download, and not in the wheel lock"
+        assets = self._assets(api, fetcher)
+        if isinstance(assets, str):
+            return assets
+        filename = urllib.parse.unquote(url.rpartition("/")[2])
+        if filename not in assets:
+            return f"the release at {api} has no asset {filename}"
+        digest, size = assets[filename]
+        if digest is None:
+            return f"the release asset {filename} has no sha256 digest at {api}"
+        return Expected(digest, f"the digest at {api}", size=size)
+
+    def _assets(self, api: str, fetcher: Fetcher) -> dict[str, tuple[str | None, int | None]] | str:
+        """{asset name: (sha256 or None, size)} of one release, asked once per run; or why not."""
+        with self._guard:
+            lock = self._locks.setdefault(api, threading.Lock())
+        with lock:
+            if api not in self._releases:
+                try:
+                    answer = fetcher.get(api, max_bytes=MAX_API_BYTES, accept=_API_MEDIA_TYPE)
+                    self._releases[api] = parse_release(answer)
+                except FetchError as error:
+                    self._releases[api] = f"asking {api}: {error.reason}"
+            return self._releases[api]
+
+
+def parse_release(body: bytes) -> dict[str, tuple[str | None, int | None]] | str:
+    """GitHub's release JSON as {asset name: (sha256 or None, size)}, or why it is not one. A digest in
+    another form than sha256:<64 lower-case hex> counts as none."""
+    try:
+        release = boundedjson.loads(body)
+    except ValueError as error:
+        return f"the API's answer is not JSON ({error})"
+    assets = release.get("assets") if isinstance(release, dict) else None
+    if not isinstance(assets, list):
+        return "the API's answer has no assets list"
+    found: dict[str, tuple[str | None, int | None]] = {}
+    for asset in assets:
+        if not isinstance(asset, dict) or not isinstance(asset.get("name"), str):
+            continue
+        digest = asset.get("digest")
+        matched = _API_DIGEST.match(digest) if isinstance(digest, str) else None
+        size = asset.get("size")
+        found[asset["name"]] = (matched[1] if matched else None,
+                                size if isinstance(size, int) and size >= 0 else None)
+    return found

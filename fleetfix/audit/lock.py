@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from fleetfix.errors import AuditBusyError
+from fleetfix.paths import private_dir
 
 LOCK_SUFFIX = ".lock"
 
@@ -32,8 +33,8 @@ def lock_path(db: Path) -> Path:
 def exclusive_audit(db: Path) -> Iterator[None]:
     """Hold the history's audit lock for the duration; AuditBusyError if another audit holds it."""
     path = lock_path(db)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    private_dir(path.parent)  # often the state dir itself: 0700 whatever the umask, as every state dir
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

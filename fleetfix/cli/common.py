@@ -166,12 +166,13 @@ def local_option(func: F) -> F:
 
 
 def resolve(request: TargetRequest) -> Resolution:
-    """The command's targets; discovery's warnings are shown on stderr."""
+    """The command's targets; discovery's warnings are shown on stderr, escaped: they name guests as the
+    Proxmox API (a node) reported them."""
     from fleetfix.inventory.resolve import resolve_targets
 
     resolution = resolve_targets(request)
     for warning in resolution.warnings:
-        click.echo(f"fleetfix: warning: {warning}", err=True)
+        click.echo(f"fleetfix: warning: {safe_line(str(warning))}", err=True)
     return resolution
 
 
@@ -195,6 +196,8 @@ class RolloutOptions:
     wheel_cache: str | None = None
     wheelhouses: tuple[str, ...] = ()
     rebuild: bool = False
+    wheel_lock: str | None = None
+    allow_unverified_wheels: bool = False
 
     def given(self) -> list[str]:
         """The options set on the command line, by their option names (for error messages)."""
@@ -233,14 +236,21 @@ class RolloutOptions:
 
     def wheel_options(self) -> WheelOptions:
         """The wheel cache of `wheels` steps (docs/extensions.md): --wheel-cache, else <state dir>/wheels;
-        upstream's release wheels are fetched by this controller for items whose playbook names them."""
+        upstream's release wheels are fetched by this controller for items whose playbook names them, each
+        checked against its sha256 from --wheel-lock or GitHub's API (unverified only when allowed)."""
         from fleetfix.httpfetch import Fetcher
         from fleetfix.playbook.wheels import WheelOptions
+        from fleetfix.releasewheels import ReleaseDigests
+        from fleetfix.wheelarchive import archive_problem
         from fleetfix.wheelcache import WheelCache, default_cache_dir
+        from fleetfix.wheellock import load_wheel_lock
 
+        lock = load_wheel_lock(self.wheel_lock) if self.wheel_lock else None
         root = self.wheel_cache or default_cache_dir(self.records_dir())
+        fetcher = Fetcher(authenticator=ReleaseDigests(lock), allow_unverified=self.allow_unverified_wheels,
+                          inspect=archive_problem)
         return WheelOptions(WheelCache(root, wheelhouses=self.wheelhouses), rebuild=self.rebuild,
-                            upstream=Fetcher())
+                            upstream=fetcher)
 
     def records_dir(self) -> str | Path:
         from fleetfix.paths import default_state_dir
@@ -268,6 +278,7 @@ _ROLLOUT_FLAGS = {
     "keep_snapshots": "--keep-snapshots", "allow_no_snapshot": "--allow-no-snapshot",
     "record_output": "--record-output",
     "wheel_cache": "--wheel-cache", "wheelhouses": "--wheelhouse", "rebuild": "--rebuild",
+    "wheel_lock": "--wheel-lock", "allow_unverified_wheels": "--allow-unverified-wheels",
 }
 
 
@@ -317,6 +328,12 @@ def _rollout_click_options(help_prefix: str) -> list[Callable[[F], F]]:
                      help=text("`wheels` steps build on every target that lacks the item, ignoring the "
                                "wheel cache, wheelhouses and upstream's release wheels, and replace the "
                                "cached entries.")),
+        click.option("--wheel-lock", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+                     help=text("YAML of the sha256 each upstream release wheel must have ({name: {url: "
+                               "sha256}}); checked before GitHub's API digest. See docs/extensions.md.")),
+        click.option("--allow-unverified-wheels", is_flag=True,
+                     help=text("Install upstream release wheels that have no sha256 in the lock or GitHub's "
+                               "API (still https only). Off by default: such a wheel is built instead.")),
     ]
 
 

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # Every path-valued option of `fleetfix audit`, by what must exist when the schedule is installed.
 # (tests/unit/audit/test_audit_schedule.py checks that no click.Path option of the audit is left out.)
 INPUT_FILES = {"inventory": "inventory", "policy_path": "policy", "remediate_path": "playbook",
-               "identity": "SSH key", "var_files": "var file"}
+               "identity": "SSH key", "var_files": "var file", "wheel_lock": "wheel lock"}
 INPUT_DIRS = {"wheelhouses": "wheelhouse"}
 OUTPUT_FILES = {"db": "history database", "report_html": "HTML report", "report_junit": "JUnit report",
                 "report_prometheus": "Prometheus textfile", "known_hosts": "known_hosts file"}

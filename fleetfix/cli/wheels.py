@@ -1,4 +1,9 @@
-"""`fleetfix wheels ...`: look into, check and purge the controller's wheel cache (docs/extensions.md)."""
+"""`fleetfix wheels ...`: look into, check and purge the controller's wheel cache (docs/extensions.md).
+
+A manifest's key values, file names and built-on names came from targets (what `describe` printed, the
+facts the key was rendered from, the wheel a build left): every line shown goes through the terminal
+sanitiser, so an escape sequence in them is shown, never acted on. JSON is escaped by json.dumps.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import click
 
 from fleetfix.cli.common import handle_errors
 from fleetfix.errors import ConfigError, ExitCode
+from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
     from fleetfix.wheelcache import WheelCache
@@ -18,6 +24,10 @@ _CACHE = click.option("--wheel-cache", type=click.Path(file_okay=False), default
 _STATE_DIR = click.option("--state-dir", type=click.Path(file_okay=False), default=None,
                           help="The state dir whose wheels/ is the cache.")
 _JSON = click.option("--json", "as_json", is_flag=True, help="One JSON document on stdout.")
+
+
+def _echo(line: str) -> None:
+    click.echo(safe_line(line))
 
 
 def _cache(wheel_cache: str | None, state_dir: str | None) -> WheelCache:
@@ -44,17 +54,17 @@ def wheels_list(wheel_cache: str | None, state_dir: str | None, as_json: bool) -
     Example:
       fleetfix wheels list
     """
-    entries = _cache(wheel_cache, state_dir).entries()
+    cache = _cache(wheel_cache, state_dir)
+    entries = cache.entries()
     if as_json:
         click.echo(json.dumps([entry.to_dict() for entry in entries], indent=2))
         return
     for entry in entries:
         seconds = "" if entry.build_seconds is None else f" in {entry.build_seconds:.0f} s"
-        click.echo(f"{entry.directory.name}  {entry.wheel}  {entry.size} bytes  built on {entry.built_on}"
-                   f" {entry.built_at}{seconds} ({entry.source})")
-        click.echo("    " + " ".join(f"{name}={value}" for name, value in sorted(entry.key.items())))
-    click.echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in "
-               f"{_cache(wheel_cache, state_dir).root}")
+        _echo(f"{entry.directory.name}  {entry.wheel}  {entry.size} bytes  built on {entry.built_on}"
+              f" {entry.built_at}{seconds} ({entry.source})")
+        _echo("    " + " ".join(f"{name}={value}" for name, value in sorted(entry.key.items())))
+    _echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.root}")
 
 
 @wheels_group.command("verify")
@@ -69,11 +79,13 @@ def wheels_verify(wheel_cache: str | None, state_dir: str | None) -> ExitCode:
     Example:
       fleetfix wheels verify
     """
-    bad = 0
-    for entry, problem in _cache(wheel_cache, state_dir).verify():
-        bad += problem is not None
-        status = f"BAD  {entry.directory.name}: {problem}" if problem else f"ok   {entry.directory.name}"
-        click.echo(status)
+    cache = _cache(wheel_cache, state_dir)
+    checked = cache.verify()
+    for entry, problem in checked:
+        _echo(f"BAD  {entry.directory.name}: {problem}" if problem else f"ok   {entry.directory.name}")
+    bad = sum(problem is not None for _, problem in checked)
+    _echo(f"{len(checked)} entr{'y' if len(checked) == 1 else 'ies'} checked in {cache.root}"
+          + (f", {bad} bad" if bad else ""))
     return ExitCode.FAILED if bad else ExitCode.OK
 
 
@@ -96,4 +108,4 @@ def wheels_purge(names: tuple[str, ...], everything: bool, wheel_cache: str | No
     if not names and not everything:
         raise ConfigError("name the distributions to purge, or pass --all")
     for entry in _cache(wheel_cache, state_dir).purge(names=names, everything=everything):
-        click.echo(f"removed {entry.directory.name}")
+        _echo(f"removed {entry.directory.name}")

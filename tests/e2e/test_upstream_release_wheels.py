@@ -5,17 +5,21 @@ Three containers share the real torch 2.14.1 (cu130) venv and get the real nvcc 
 the extension is our one-kernel fixture (tests/fixtures/extensions/fleetfix-tiny-ext), installed by name
 from an sdist, with a catalog entry of its own in the inventory that names a release wheel the way
 causal-conv1d's does. A and B build for arch 9.0, C for 8.0: two keys whose release wheel is one file (the
-label says nothing of the arch). A loopback stand-in for GitHub's release downloads (tests/lab/releases.py)
-serves, per scenario:
+label says nothing of the arch). A loopback HTTPS stand-in for GitHub's release downloads and its REST API
+(tests/lab/releases.py; each asset's sha256 `digest`), whose test CA the controller trusts through
+SSL_CERT_FILE as an operator trusts an internal CA, serves, per scenario:
 
   d. upstream_wheels=false: the matching wheel is there; nothing asks for it (zero requests), A builds.
   a. the matching wheel (the real compiled module of (d)'s build, plus a RELEASE file that only it has):
-     downloaded once, installed on A and B, import-checked, cached with its URL; no build.
+     its digest asked of the API once, downloaded once, installed on A and B, import-checked, cached with
+     its URL; no build.
+  a'. the same wheel from a plain-http mirror, its sha256 pinned in a wheel lock (--wheel-lock): the API is
+     not asked, the pin authenticates it, installed; no build.
   b+e. wheels whose label differs in one field each (CUDA, torch, ABI, Python, platform), and the matching
-     name with bytes damaged on the way: no other label is asked for or installed; the matching name is
-     asked once and refused on the controller; A builds.
-  c. nothing listening on the release port: A and C (two keys) build, the output says why, and the host
-     is tried by one of them only; the other is answered from the run's memory.
+     name with bytes damaged before upstream published them (so its digest is theirs): no other label is
+     asked for or installed; the matching name is asked once and refused on the controller; A builds.
+  c. nothing listening on the release port: A and C (two keys) build, the output says why (no digest: the
+     API cannot be asked), and the host is tried by one of them only.
 
 Every scenario checks what is really there afterwards: `pip show -f` in the container, the stand-in's
 request log, the cache manifest (`fleetfix wheels list`), and the wheel events of the run record.
@@ -48,7 +52,8 @@ from tests.lab.bed import Lab
 from tests.lab.cli import TINY_EXTENSION_SOURCE
 from tests.lab.container import Container
 from tests.lab.realtorch import RealTorch
-from tests.lab.releases import ReleaseServer, make_wheel, refused_port
+from tests.lab.releases import ReleaseServer, github_api, make_wheel, refused_port
+from tests.lab.tlsca import TestCA
 
 pytestmark = [pytest.mark.slow]
 
@@ -149,6 +154,8 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
     label = upstream_label(real_torch)
     assert (label["cuda_major"], label["python_tag"]) == ("13", "cp311")  # what PLAIN_NAME and the key say
     served = RELEASE_PATH.format_map(label)
+    api = f"/api/v3/repos/fleetfix/tiny-ext/releases/tags/v{VERSION}"  # GitHub Enterprise Server's layout
+    ca = TestCA(tmp_path / "ca")
     a, b, c = (make_ct(share=(str(real_torch.venv),)) for _ in range(3))
     for ct in (a, b, c):
         ct.write_file(f"{SDISTS}/fleetfix_tiny_ext-{VERSION}.tar.gz", sdist())
@@ -165,7 +172,7 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
                        "--wheel-cache", str(cache), "--var", f"extensions=fleetfix-tiny-ext=={VERSION}",
                        "--var", f"pip_args=--no-index --find-links {SDISTS}",
                        "--var", f"release_wheels_url={release_url}", *extra, *(["--json"] if as_json else []),
-                       timeout=1200)
+                       timeout=1200, env=ca.env())
         assert done.exit_code == 0, done.stdout[-4000:] + done.stderr[-3000:]
         run_id = max(run["run_id"] for run in
                      run_cli("runs", "list", "--state-dir", str(state), "--json").json())
@@ -186,7 +193,7 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
                              {"fleetfix_tiny_cuda.py": "", "fleetfix_tiny/__init__.py": "", MARKER: ""})
 
     # d. The off switch: the matching wheel is published, and nobody asks for it.
-    with ReleaseServer({served: placeholder}) as server:
+    with ReleaseServer({served: placeholder, **github_api({served: placeholder})}, tls=ca) as server:
         _, run_id = apply("a", server.url, "--var", "upstream_wheels=false")
         assert sum(server.requests.values()) == 0, server.requests
     (event,) = wheel_events(state, run_id).values()
@@ -196,12 +203,13 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
     assert entry["source"] == "build" and entry["wheel"] == PLAIN_NAME
     upstream = release_wheel(next(cache.glob(f"*/{PLAIN_NAME}")))
 
-    # a. The matching wheel: downloaded once for the key, installed and import-checked on A and B, cached
-    # with its URL; no build anywhere.
+    # a. The matching wheel: its digest asked of the API and downloaded once for the key, installed and
+    # import-checked on A and B, cached with its URL; no build anywhere.
     start_over(a)
-    with ReleaseServer({served: upstream}) as server:
+    with ReleaseServer({served: upstream, **github_api({served: upstream})}, tls=ca) as server:
+        assert server.url.startswith("https://")
         _, run_id = apply("ab", server.url)
-        assert dict(server.requests) == {served: 1}
+        assert dict(server.requests) == {api: 1, served: 1}
         events = wheel_events(state, run_id)
         actions = sorted(e["action"] for e in events.values())
         assert actions == ["installed-from-cache", "installed-from-upstream"], events
@@ -218,7 +226,21 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
         # A second apply changes nothing and asks upstream nothing.
         again, _ = apply("ab", server.url)
         assert sum(target["counts"]["changed"] for target in again.json()["targets"]) == 0
-        assert dict(server.requests) == {served: 1}
+        assert dict(server.requests) == {api: 1, served: 1}
+
+    # a'. A plain-http mirror, the wheel's sha256 pinned in the fleet's wheel lock: the pin authenticates it
+    # (the API is not asked), installed; no build.
+    start_over(a)
+    with ReleaseServer({served: upstream}) as mirror:
+        assert mirror.url.startswith("http://")
+        lock = tmp_path / "wheels.lock"
+        lock.write_text(yaml.safe_dump({"wheels": {"fleetfix-tiny-ext": {
+            mirror.url + served: f"sha256:{hashlib.sha256(upstream).hexdigest()}"}}}))
+        _, run_id = apply("a", mirror.url, "--wheel-lock", str(lock))
+        assert dict(mirror.requests) == {served: 1}
+    (event,) = wheel_events(state, run_id).values()
+    assert event["action"] == "installed-from-upstream" and event["url"] == mirror.url + served, event
+    assert installed(a, real_torch) == "0.1.0 upstream" and import_tiny(a, real_torch) == "13000"
 
     # b + e. Published for other labels (one field off each), and under the key's own name damaged bytes:
     # no other label is asked for or installed; the right name is refused on the controller before it goes
@@ -229,9 +251,10 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
               (("cuda_major", "12"), ("torch", "2.13"), ("cxx11abi", "FALSE"), ("python_tag", "cp312"),
                ("platform", "linux_aarch64" if label["platform"] != "linux_aarch64" else "linux_x86_64"))}
     assert served not in others.values()
-    with ReleaseServer({**dict.fromkeys(others.values(), upstream), served: damaged(upstream)}) as server:
+    published = {**dict.fromkeys(others.values(), upstream), served: damaged(upstream)}
+    with ReleaseServer({**published, **github_api(published)}, tls=ca) as server:
         _, run_id = apply("a", server.url)
-        assert dict(server.requests) == {served: 1}, server.requests
+        assert dict(server.requests) == {api: 1, served: 1}, server.requests
     (event,) = wheel_events(state, run_id).values()
     assert event["action"] == "built", event
     assert "refused: not a readable wheel (bad CRC-32 for fleetfix_tiny_cuda." in event["upstream"], event
@@ -239,17 +262,18 @@ def test_the_release_wheel_is_used_only_when_reachable_and_matching(
     assert [e["source"] for e in entries()] == ["build"]
     assert run_cli("wheels", "verify", "--wheel-cache", str(cache)).exit_code == 0
 
-    # c. Nothing listens on the release port: two keys (A, C) build, the output says why, and only one of
-    # them tried the host (targets ask at the same moment: the other waited for that try's outcome).
+    # c. Nothing listens on the release port: two keys (A, C) build, the output says why (the API that would
+    # give the digest cannot be asked), and only one of them tried the host (targets ask at the same moment:
+    # the other waited for that try's outcome, the release's answer kept for the run).
     start_over(a)
     with refused_port() as port:
-        fallback, run_id = apply("ac", f"http://127.0.0.1:{port}", as_json=False)
+        fallback, run_id = apply("ac", f"https://127.0.0.1:{port}", as_json=False)
     events = wheel_events(state, run_id)
     assert sorted(events) == sorted([str(a.ctid), str(c.ctid)])
     assert all(e["action"] == "built" for e in events.values()), events
-    reasons = sorted((e["upstream"] for e in events.values()), key=lambda reason: "earlier" in reason)
-    assert reasons[0] == "cannot reach 127.0.0.1: [Errno 111] Connection refused", reasons
-    assert reasons[1] == f"{reasons[0]} (earlier in this run)", reasons
+    reasons = [e["upstream"] for e in events.values()]
+    why = (f"asking https://127.0.0.1:{port}{api}: cannot reach 127.0.0.1: [Errno 111] Connection refused")
+    assert reasons[0] == reasons[1] and f"against ({why}); not fetched" in reasons[0], reasons
     assert f"(upstream: {reasons[0]})" in fallback.stdout, fallback.stdout[-3000:]
     for ct in (a, c):
         assert installed(ct, real_torch) == "0.1.0 built" and import_tiny(ct, real_torch) == "13000"

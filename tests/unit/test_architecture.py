@@ -18,7 +18,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fleetfix"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fleetfix", "fleetfix.errors", "fleetfix.target", "fleetfix.paths", "fleetfix.secrets",
      "fleetfix.yamlsource", "fleetfix.boundedjson", "fleetfix.terminal", "fleetfix.wheelcache",
-     "fleetfix.releasewheels", "fleetfix.httpfetch", "fleetfix.importahead"),
+     "fleetfix.releasewheels", "fleetfix.httpfetch", "fleetfix.wheellock", "fleetfix.wheelarchive",
+     "fleetfix.importahead"),
     ("fleetfix.transport",),
     ("fleetfix.guests",),
     ("fleetfix.fleet",),

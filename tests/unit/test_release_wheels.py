@@ -19,6 +19,7 @@ from fleetfix.httpfetch import Fetcher, FetchError
 from fleetfix.releasewheels import Candidate, candidate, label_for, mismatch
 from fleetfix.wheelcache import wheel_problem
 from tests.lab.releases import ReleaseServer, make_wheel, refused_port
+from tests.lab.tlsca import TestCA
 
 CAUSAL = ("https://github.com/Dao-AILab/causal-conv1d/releases/download/v{version}/causal_conv1d-{version}"
           "+cu{cuda_major}torch{torch}cxx11abi{cxx11abi}-{python_tag}-{python_tag}-{platform}.whl")
@@ -104,10 +105,20 @@ def test_a_template_that_does_not_give_the_keys_name_is_refused(template: str, w
 # --- the download -------------------------------------------------------------------------------------
 
 
-def test_fetch_streams_hashes_and_bounds(tmp_path: Path) -> None:
+# The download's mechanics (streaming, bounds, the run's memory of hosts), over https from a stand-in whose
+# test CA this process trusts (`trusted_ca`), and with no digest to check: the operator's opt-in,
+# allow_unverified. Digests: tests/unit/security/test_release_wheel_trust.py.
+
+
+def unverified(timeout: float) -> Fetcher:
+    return Fetcher(timeout=timeout, allow_unverified=True)
+
+
+@pytest.mark.usefixtures("trusted_ca")
+def test_fetch_streams_hashes_and_bounds(tmp_path: Path, test_ca: TestCA) -> None:
     body = b"wheel bytes " * 1000
-    with ReleaseServer({"/a.whl": body}) as server:
-        fetcher = Fetcher(timeout=5)
+    with ReleaseServer({"/a.whl": body}, tls=test_ca) as server:
+        fetcher = unverified(5)
         got = fetcher.fetch(f"{server.url}/a.whl", tmp_path / "a.whl", max_bytes=len(body))
         assert (tmp_path / "a.whl").read_bytes() == body and got.size == len(body)
         assert oct((tmp_path / "a.whl").stat().st_mode & 0o777) == "0o600"
@@ -127,14 +138,14 @@ def test_fetch_streams_hashes_and_bounds(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_host_is_asked_once_per_run(tmp_path: Path) -> None:
-    fetcher = Fetcher(timeout=5)
+    fetcher = unverified(5)
     with refused_port() as port:
-        url = f"http://127.0.0.1:{port}/v1/a.whl"
+        url = f"https://127.0.0.1:{port}/v1/a.whl"
         with pytest.raises(FetchError) as first:
             fetcher.fetch(url, tmp_path / "a.whl", max_bytes=100)
         assert first.value.unreachable and "refused" in first.value.reason.lower()
         with pytest.raises(FetchError) as again:  # another file on that host: answered from memory
-            fetcher.fetch(f"http://127.0.0.1:{port}/v2/b.whl", tmp_path / "b.whl", max_bytes=100)
+            fetcher.fetch(f"https://127.0.0.1:{port}/v2/b.whl", tmp_path / "b.whl", max_bytes=100)
         assert again.value.unreachable and "earlier in this run" in again.value.reason
     assert not list(tmp_path.iterdir())
 
@@ -163,13 +174,14 @@ def test_targets_asking_at_the_same_moment_try_an_unanswering_host_once(tmp_path
 
         server = threading.Thread(target=hang_up, daemon=True)
         server.start()
-        fetcher, start = Fetcher(timeout=5), threading.Barrier(4)
+        fetcher, start = unverified(5), threading.Barrier(4)
         reasons: list[str] = []
 
         def fetch(index: int) -> None:
             start.wait()
             try:
-                fetcher.fetch(f"http://127.0.0.1:{port}/{index}.whl", tmp_path / f"{index}.whl", max_bytes=10)
+                fetcher.fetch(f"https://127.0.0.1:{port}/{index}.whl", tmp_path / f"{index}.whl",
+                              max_bytes=10)
             except FetchError as error:
                 assert error.unreachable
                 reasons.append(error.reason)
@@ -186,10 +198,11 @@ def test_targets_asking_at_the_same_moment_try_an_unanswering_host_once(tmp_path
     assert not list(tmp_path.iterdir())
 
 
-def test_a_host_that_answers_is_not_waited_on(tmp_path: Path) -> None:
+@pytest.mark.usefixtures("trusted_ca")
+def test_a_host_that_answers_is_not_waited_on(tmp_path: Path, test_ca: TestCA) -> None:
     # The gate is for the first try only: a 404 is an answer, and every target then asks for itself.
-    with ReleaseServer() as server:
-        fetcher, start = Fetcher(timeout=5), threading.Barrier(3)
+    with ReleaseServer(tls=test_ca) as server:
+        fetcher, start = unverified(5), threading.Barrier(3)
         reasons: list[str] = []
 
         def fetch(index: int) -> None:
@@ -215,7 +228,7 @@ def test_a_host_that_never_answers_is_given_up_on(tmp_path: Path) -> None:
         silent.listen(1)
         port = silent.getsockname()[1]
         with pytest.raises(FetchError) as error:
-            Fetcher(timeout=0.2).fetch(f"http://127.0.0.1:{port}/a.whl", tmp_path / "a.whl", max_bytes=1)
+            unverified(0.2).fetch(f"https://127.0.0.1:{port}/a.whl", tmp_path / "a.whl", max_bytes=1)
     assert error.value.unreachable and "timed out" in error.value.reason
     assert not list(tmp_path.iterdir())
 
@@ -230,7 +243,7 @@ def test_name_resolution_is_bounded_too(tmp_path: Path, monkeypatch: pytest.Monk
         raise socket.gaierror("released by the test")
 
     monkeypatch.setattr(socket, "getaddrinfo", silent)
-    fetcher = Fetcher(timeout=0.01)
+    fetcher = unverified(0.01)
     try:
         with pytest.raises(FetchError) as silence:
             fetcher.fetch("https://github.com/a.whl", tmp_path / "a.whl", max_bytes=1)
@@ -243,14 +256,14 @@ def test_name_resolution_is_bounded_too(tmp_path: Path, monkeypatch: pytest.Monk
 
     monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
     with pytest.raises(FetchError) as unknown:
-        Fetcher(timeout=5).fetch("https://github.com/a.whl", tmp_path / "a.whl", max_bytes=1)
+        unverified(5).fetch("https://github.com/a.whl", tmp_path / "a.whl", max_bytes=1)
     assert unknown.value.unreachable and "cannot resolve github.com" in unknown.value.reason
     assert not list(tmp_path.iterdir())
 
 
-def test_a_refused_url_is_not_fetched_again(tmp_path: Path) -> None:
-    with ReleaseServer({"/a.whl": b"x"}) as server:
-        fetcher = Fetcher(timeout=5)
+def test_a_refused_url_is_not_fetched_again(tmp_path: Path, test_ca: TestCA) -> None:
+    with ReleaseServer({"/a.whl": b"x"}, tls=test_ca) as server:
+        fetcher = unverified(5)
         fetcher.refuse(f"{server.url}/a.whl", "a.whl: its import check failed")
         with pytest.raises(FetchError, match="import check failed"):
             fetcher.fetch(f"{server.url}/a.whl", tmp_path / "a.whl", max_bytes=10)

@@ -20,7 +20,7 @@ from fleetfix.inventory.discovery.model import (
     listing_from_records,
     targets_from_listing,
 )
-from fleetfix.paths import default_state_dir
+from fleetfix.paths import default_state_dir, private_dir
 
 # --- the cache -------------------------------------------------------------------------------------------
 
@@ -66,7 +66,7 @@ def write_cache(path: Path, source: ProxmoxSource, listing: Listing) -> None:
         ],
     }
     try:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private_dir(path.parent)  # and the state dir above it, when this creates it: 0700 whatever the umask
         temporary = path.with_suffix(".tmp")
         with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
             json.dump(data, out)

@@ -8,6 +8,7 @@ umask 000 files became 0777.
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -135,3 +136,20 @@ def test_a_full_disk_under_the_run_record_fails_the_target_with_the_reason(tmp_p
     recorder.event("target-end", target="a")  # the record is closed: dropped, no second error
     assert recorder.failure is not None
     recorder.close()
+
+
+def test_a_state_dir_from_the_environment_is_private_with_its_parents(tmp_path: Path) -> None:
+    # `fleetfix audit` takes its lock in the state dir before the history opens it: with umask 000 that
+    # created $FLEETFIX_STATE_DIR (and the parents it made) 0777, and the lock file 0644.
+    state = tmp_path / "made" / "by" / "fleetfix" / "state"
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text("")
+    with socket.socket() as closed:  # a loopback port nobody listens on: the target is unreachable
+        closed.bind(("127.0.0.1", 0))
+        done = fleetfix("audit", "--host", "127.0.0.1", "--port", str(closed.getsockname()[1]),
+                        "--known-hosts", str(known_hosts), env={"FLEETFIX_STATE_DIR": str(state)}, umask=0)
+    assert done.returncode == 4, done.stderr
+    made = [tmp_path / "made", *sorted((tmp_path / "made").rglob("*"))]
+    assert state in made and (state / "audit.db").exists()
+    modes = {str(path.relative_to(tmp_path)): oct(path.stat().st_mode & 0o777) for path in made}
+    assert modes == {name: oct(0o700 if (tmp_path / name).is_dir() else 0o600) for name in modes}, modes

@@ -110,3 +110,32 @@ def test_junit_and_html_carry_no_control_characters(hostile_audit) -> None:  # t
     assert "\\x1b]52;c;" in xml
     page = html_report(hostile_audit)
     assert not UNSAFE & set(page) and "\\x1b]52;c;" in page
+
+
+def hostile_cache(root: Path) -> None:
+    """A wheel cache whose one entry carries what a target controls: the key's values (rendered from its
+    facts), the name `describe` printed, the target's name as `built on`."""
+    from fleetfix.wheelcache import WheelCache
+
+    cache = WheelCache(root)
+    wheel = cache.incoming("causal_conv1d-1.6.1-cp312-cp312-linux_x86_64.whl")
+    wheel.write_bytes(b"not really a wheel")
+    key = {"name": "causal-conv1d", "version": "1.6.1", "python_tag": "cp312", "torch": f"2.8.0{OSC52}",
+           "torch_cuda": f"12.8{CURSOR}", "cxx11_abi": "1", "machine": "x86_64", "libc": TITLE}
+    cache.store(key, wheel, built_on=f"pve1/200{OSC52}", build_seconds=1.0, source=f"build\r{TITLE}")
+
+
+def test_wheels_list_verify_and_purge_escape_what_targets_said(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    hostile_cache(cache)
+    listed = fleetfix("wheels", "list", "--wheel-cache", str(cache))
+    assert listed.returncode == 0, listed.stderr
+    assert "\\x1b]52;c;" in listed.stdout and "torch_cuda=12.8\\x1b[2A" in listed.stdout
+    assert not UNSAFE & set(listed.stdout + listed.stderr), listed.stdout
+    for args in (["verify"], ["purge", "--all"]):
+        done = fleetfix("wheels", *args, "--wheel-cache", str(cache))
+        assert not UNSAFE & set(done.stdout + done.stderr), done.stdout
+    # JSON stays JSON: json.dumps escapes every control character itself
+    hostile_cache(cache)
+    as_json = fleetfix("wheels", "list", "--wheel-cache", str(cache), "--json")
+    assert "\\u001b]52;c;" in as_json.stdout and not UNSAFE & set(as_json.stdout)

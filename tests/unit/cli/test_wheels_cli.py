@@ -1,0 +1,37 @@
+"""`fleetfix wheels verify` and `list` say what they looked at, an empty cache included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from fleetfix.cli import main
+from fleetfix.wheelcache import WheelCache
+
+
+def invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def test_verify_on_an_empty_cache_says_so(tmp_path: Path) -> None:
+    cache = tmp_path / "wheels"
+    assert invoke("wheels", "verify", "--wheel-cache", str(cache)) == (0, f"0 entries checked in {cache}\n")
+    assert invoke("wheels", "list", "--wheel-cache", str(cache)) == (0, f"0 entries in {cache}\n")
+
+
+def test_verify_counts_what_it_checked_and_what_is_bad(tmp_path: Path) -> None:
+    cache = WheelCache(tmp_path / "wheels")
+    for version in ("1.0", "2.0"):
+        wheel = cache.incoming(f"tiny-{version}-py3-none-any.whl")
+        wheel.write_bytes(f"wheel {version}".encode())
+        cache.store({"name": "tiny", "version": version, "python_tag": "py3"}, wheel, built_on="pve1/200",
+                    build_seconds=None)
+    code, output = invoke("wheels", "verify", "--wheel-cache", str(cache.root))
+    assert code == 0 and output.endswith(f"2 entries checked in {cache.root}\n"), output
+    damaged = next(entry for entry in cache.entries() if entry.key["version"] == "2.0")
+    damaged.path.write_bytes(b"changed on disk")
+    code, output = invoke("wheels", "verify", "--wheel-cache", str(cache.root))
+    assert code == 1 and output.endswith(f"2 entries checked in {cache.root}, 1 bad\n"), output
+    assert f"BAD  {damaged.directory.name}: " in output
