@@ -142,7 +142,7 @@ def test_a_cuda_the_debian13_repository_lacks_is_refused_before_anything_changes
     [target] = result.json()["targets"]
     failed = next(s for s in target["steps"] if s["status"] == "failed")
     assert failed["name"] == "NVIDIA apt repository serves this CUDA"
-    assert "cuda-nvcc-12-8 is not in" in failed["stderr"] and "cuda-toolkit-pip.yaml" in failed["stderr"]
+    assert "cuda-nvcc-12-8 is not in" in failed["stderr"] and "whl/cu130" in failed["stderr"]
     assert target["counts"]["changed"] == 0
     assert tree_digest(ct.upper_dir) == before
 

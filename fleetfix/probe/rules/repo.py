@@ -62,14 +62,17 @@ def rpm_distro_toolkit(ctx: Context) -> Iterator[Finding]:
         return
     for cuda in ctx.toolkit_needed():
         repo = f"https://developer.download.nvidia.com/compute/cuda/repos/{os.nvidia_rpm_distro}/{os.nvidia_arch}"
+        fix = toolkit_fix(ctx, cuda)  # the pip toolkit where its wheels hold an nvcc (13.0 on), else none
+        or_pip = " or from the pip wheels" if fix else ""
         yield finding(
             "RPM_DISTRO_TOOLKIT", Severity.ERROR,
             f"{os.pretty_name or os.id} has no apt: CUDA {cuda}'s toolkit comes from NVIDIA's dnf repository "
-            f"{os.nvidia_rpm_distro}/{os.nvidia_arch} or from the pip wheels, not from any Debian recipe",
+            f"{os.nvidia_rpm_distro}/{os.nvidia_arch}{or_pip}, not from any Debian recipe",
             {"os_id": os.id, "version_id": os.version_id, "nvidia_rpm_distro": os.nvidia_rpm_distro,
              "nvidia_arch": os.nvidia_arch, "torch_cuda": cuda},
-            **toolkit_fix(ctx, cuda),
-            hint=f"or with dnf: `dnf config-manager --add-repo {repo}/cuda-{os.nvidia_rpm_distro}.repo && "
+            **fix,
+            hint=f"{'or ' if fix else ''}with dnf: "
+                 f"`dnf config-manager --add-repo {repo}/cuda-{os.nvidia_rpm_distro}.repo && "
                  f"dnf install -y cuda-nvcc-{dash(cuda)} cuda-cudart-devel-{dash(cuda)} "
                  f"cuda-cccl-{dash(cuda)}`"
                  f" (no driver packages), then CUDA_HOME=/usr/local/cuda-{cuda}",

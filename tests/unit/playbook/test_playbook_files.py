@@ -91,6 +91,20 @@ def test_cuda_toolkit_without_apt_names_the_routes_that_work(facts: dict[str, An
     assert "cuda-toolkit-pip.yaml" in done.stderr and "dnf" in done.stderr
 
 
+@pytest.mark.parametrize(("cuda", "route"), [
+    # NVIDIA's cu12 nvcc wheels hold no nvcc (tests/unit/groundtruth): the pip toolkit is no way forward.
+    ("12.8", "NVIDIA's pip wheels hold no nvcc for CUDA 12.8: install a torch built for CUDA 13.0"),
+    ("13.0", "use playbooks/cuda-toolkit-pip.yaml (the pip toolkit)"),
+])
+def test_cuda_toolkit_refusal_names_a_route_that_works_for_the_cuda(facts: dict[str, Any], cuda: str,
+                                                                    route: str) -> None:
+    facts["os"].update(id="alpine", version_id="3.20", nvidia_distro=None, nvidia_arch=None)
+    repo_step = cuda_plan(facts, cuda_version=cuda).plays[0].steps[1].rendered
+    done = subprocess.run(["/bin/sh", "-s"], input=repo_step.check, text=True, capture_output=True,
+                          check=False)
+    assert done.returncode == 1 and route in done.stderr
+
+
 def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None:
     # Only the check scripts are scripted: every check reports "not there", except the two assertions.
     fake = FakeTransport()

@@ -394,9 +394,11 @@ def test_nvml_mismatch_message_alone_is_enough() -> None:
 
 
 def test_pip_nvcc_counts_as_a_toolkit() -> None:
-    facts = edited("problem_case", set_in("pythons.0.pip_nvcc", [
-        {"path": "/usr/local/lib/python3.11/dist-packages/nvidia/cuda_nvcc/bin/nvcc", "version": "12.8",
-         "release": "V12.8.93"}]))
+    # NVIDIA's wheels hold an nvcc from 13.0 on (nvidia/cu13/bin/nvcc; tests/unit/groundtruth).
+    facts = edited("problem_case", chain(set_in("pythons.0.torch.cuda", "13.0"),
+                                         set_in("pythons.0.pip_nvcc", [
+        {"path": "/usr/local/lib/python3.11/dist-packages/nvidia/cu13/bin/nvcc", "version": "13.0",
+         "release": "V13.0.88"}])))
     codes = [f.code for f in diagnose(facts)]
     assert "CUDA_RUNTIME_WITHOUT_TOOLKIT" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" not in codes
 
@@ -572,6 +574,8 @@ def test_rhel_family_gets_a_route_not_use_debian() -> None:
     assert finding.fix.playbook is None   # torch cu128: no pip toolkit for 12.x; dnf is the way
     assert "repos/rhel9/x86_64/cuda-rhel9.repo" in finding.fix.hint
     assert "cuda-cudart-devel-12-8" in finding.fix.hint
+    # With no playbook before it, the hint is the route itself, and the pip wheels are not offered.
+    assert finding.fix.hint.startswith("with dnf: ") and "pip wheels" not in finding.summary
     codes = [f.code for f in diagnose(edited("problem_case", CASES["RPM_DISTRO_TOOLKIT"].edit))]
     assert "UNSUPPORTED_DISTRO" not in codes and "NVIDIA_REPO_NOT_CONFIGURED" not in codes
 

@@ -260,7 +260,8 @@ def site(tmp_path: Path) -> Path:
     write(site, "causal_conv1d/__init__.py", "import causal_conv1d_cuda\n")
     write(site, "flash_attn/__init__.py", "")
     write(site, "flash_attn_2_cuda.py", "")
-    fake_nvcc(site, "nvidia/cuda_nvcc/bin/nvcc", "12.8", "V12.8.93")
+    # Where NVIDIA's nvidia-cuda-nvcc 13.0.88 wheel puts it (its cu12 wheels hold ptxas alone).
+    fake_nvcc(site, "nvidia/cu13/bin/nvcc", "13.0", "V13.0.88")
     return site
 
 
@@ -284,7 +285,7 @@ def test_python_env_without_importing_torch(fakeroot: Path, fakebin: FakeBin, si
     assert (ext["fla"].present, ext["fla"].compiled_present) == (True, None)
     assert ext["mamba_ssm"].present is False
     assert all(e.importable is None for e in ext.values())      # not checked without --deep
-    assert [(n.version, n.release) for n in env.pip_nvcc] == [("12.8", "V12.8.93")]
+    assert [(n.version, n.release) for n in env.pip_nvcc] == [("13.0", "V13.0.88")]
     assert not (tmp_path / "torch-imported").exists()           # torch's __init__ never ran
     assert not list(site.rglob("__pycache__"))                  # and nothing was written
 
@@ -437,9 +438,10 @@ def test_a_bare_pip_nvcc_is_incomplete_until_runtime_headers_and_cccl_are_beside
 ) -> None:
     fakebin.link("python3", sys.executable)
     [bare] = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0].pip_nvcc
-    assert bare.complete is False        # only nvidia/cuda_nvcc, as JAX pulls it in
-    write(site, "nvidia/cuda_runtime/include/cuda_runtime_api.h", "")
-    write(site, "nvidia/cuda_cccl/include/cub/cub.cuh", "")
+    assert bare.complete is False        # the nvcc wheel alone, as JAX pulls it in
+    # The paths of nvidia-cuda-runtime 13.0.96's and nvidia-cuda-cccl 13.0.85's wheels.
+    write(site, "nvidia/cu13/include/cuda_runtime_api.h", "")
+    write(site, "nvidia/cu13/include/cccl/cub/cub.cuh", "")
     [complete] = probe(fakeroot, fakebin, ("python3",), env=python_env(site, tmp_path)).pythons[0].pip_nvcc
     assert complete.complete is True
 
