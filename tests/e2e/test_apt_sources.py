@@ -9,12 +9,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tests.e2e.conftest import host_args, run_cli
-from tests.e2e.test_debian13 import PLAYBOOK, nvidia_repos, seed_problem, trixie
+from tests.e2e.test_debian13 import PLAYBOOK, nvidia_repos, seed_problem
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
 from tests.lab.container import Container
 
-__all__ = ["nvidia_repos", "trixie"]   # the session fixtures this module uses, shared with test_debian13
+__all__ = ["nvidia_repos"]   # the session fixture this module shares with test_debian13
 
 LOCAL_REPO = "/srv/distro-repo"   # stands in for deb.debian.org: a file: repository, so apt needs no network
 
