@@ -416,7 +416,7 @@ class _StepRunner:
         try:
             outcome = run_wheels(rendered.wheels, execute=self._execute,
                                  transport=self.transport, guest=self._guest, options=self.wheels,
-                                 target=self.plan.target.name, event=event)
+                                 target=self.plan.target, event=event)
         except TransferError as exc:
             return self._result("failed", str(exc), self.runs[-1] if self.runs else None)
         last = self.runs[-1] if self.runs else None
