@@ -6,7 +6,7 @@
         manifest.json                           0600: key, key digest, builder, wheel, sha256, size,
                                                 built_on, built_at (UTC), build_seconds, source,
                                                 build_command, sdist_sha256
-      .locks/<sha256 of key and builder>.lock   flock: one builder per key and builder, across processes
+      .locks/<sha256 of key and scope>.lock     flock: one build at a time per key and set of trusted builders
       .incoming/                                pulls land here first (same filesystem: rename into place)
 
 The key is what decides whether a compiled extension wheel works on a target (docs/extensions.md): the
@@ -418,12 +418,12 @@ class WheelCache:
     # -- concurrency ----------------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def lock(self, key: Mapping[str, str], builder: str) -> Iterator[None]:
-        """Hold the key for builder: its first holder builds; the others wait here and then find its entry.
-        An flock, so two threads (two targets) and two fleetfix processes sharing the cache exclude each
-        other. Callers hold at most one builder's lock of a key at a time, or this one and then UPSTREAM's,
-        so waits never form a cycle."""
-        digest = hashlib.sha256(f"{key_digest(key)}\n{builder}".encode()).hexdigest()
+    def lock(self, key: Mapping[str, str], scope: str) -> Iterator[None]:
+        """Hold the key within scope (a set of builders, or UPSTREAM): its first holder builds; the others
+        wait here and then find its entry. An flock, so two threads (two targets) and two fleetfix processes
+        sharing the cache exclude each other. Callers take at most one scope's lock of a key and then
+        perhaps UPSTREAM's, never the other way round, so waits never form a cycle."""
+        digest = hashlib.sha256(f"{key_digest(key)}\n{scope}".encode()).hexdigest()
         path = _private_dir(self.root / _LOCKS) / f"{digest}.lock"
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:

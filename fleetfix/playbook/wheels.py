@@ -7,13 +7,11 @@ Per item of the step, on one target:
                                     must be a PEP 508 name and VERSION a PEP 440 version, or the item fails
     key = the step's rendered key fields + name + version     (fleetfix.wheelcache: any empty field →
                                                                built as before, never cached)
-    unless --rebuild, in order, each under the cache's lock of (key, that builder):
-        the entry of each builder the inventory trusts for this target (Target.wheel_builders)
-        the entry of upstream's release wheel (the controller downloaded it)     → "installed from cache"
-        a --wheelhouse entry for the key (the operator named the directory)     → "installed from cache"
-    under the lock of (key, this target):
-        this target's own entry                                                 → "installed from cache"
-        the item names upstream's release wheel whose label matches the key exactly
+    under the cache's lock of (key, this target and the builders it trusts), unless --rebuild:
+        this target's own entry, then that of each builder the inventory trusts for this target
+        (Target.wheel_builders), then upstream's release wheel's (the controller downloaded it), then a
+        --wheelhouse entry for the key (the operator named the directory)    → "installed from cache"
+        then, unless --rebuild, the item names upstream's release wheel whose label matches the key
                                  →  the controller downloads it, checks its dist-info, pushes it,
                                     install, verify, and only then stores it with its URL and sha256
                                     ("installed from upstream"); not there, unreachable, or failing the
@@ -29,12 +27,13 @@ What the manifest records about provenance (builder, source, build command) is t
 build's output is only logged.
 
 Ordering across concurrent targets is the locks and nothing else: targets run as the fleet runs them (per
-node and --forks); a target holds one builder's lock of a key at a time, or its own and then upstream's
-(never the other way round), and items are done one by one, so there is no lock cycle. Targets that trust
-a common builder wait for it while it builds, then install its wheel; a builder that fails releases the
-key and the waiters build their own. A wheel is only ever installed on a target whose full key equals the
-entry's, and only after its sha256 matched its manifest on the controller and again in the target
-(Guest.push).
+node and --forks). The lock is per key and per set of builders (the target and those it trusts), so
+targets that trust the same builders (a group sharing its builds) take turns: the first builds, the others
+wait and install its wheel, and a builder that fails releases the key and the next waiter builds; targets
+that trust nobody build side by side. A target holds that lock and then perhaps upstream's (never the other
+way round), and items are done one by one, so there is no lock cycle. A wheel is only ever installed on
+a target whose full key equals the entry's, and only after its sha256 matched its manifest on the
+controller and again in the target (Guest.push).
 
 Scripts run through the step runner (`execute`), so each is recorded like any other script of the step;
 every decision is recorded as a `wheel` event (key, digest, action, entry, refused entries).
@@ -189,25 +188,22 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
             why = f"key incomplete: {', '.join(missing)} unknown" if missing else "no wheel cache"
             event("wheel", **record, action="built-not-cached", reason=why, build_seconds=seconds)
             return f"{name}: built in {seconds:.0f} s, not cached ({why})"
-        if not options.rebuild:
-            trusted = [target_builder(other) for other in sorted(target.wheel_builders - {target.name})]
-            record["trusted_builders"] = [builder_label(builder) for builder in trusted]
-            for builder in (*trusted, UPSTREAM):
-                with cache.lock(key, builder):
-                    installed = item_run.from_entry(cache.lookup(key, builder))
-                if installed is not None:
-                    return installed
-            installed = item_run.from_entry(cache.lookup_wheelhouses(key))
-            if installed is not None:
-                return installed
         own = target_builder(target.name)
-        with cache.lock(key, own):
+        trusted = [target_builder(other) for other in sorted(target.wheel_builders - {target.name})]
+        record["trusted_builders"] = [builder_label(builder) for builder in trusted]
+        # One lock for everyone who trusts the same builders: a group sharing its builds takes turns, so
+        # the first builds and the others find its entry. Nobody waits for a build they would not install.
+        with cache.lock(key, "\n".join(sorted([own, *trusted]))):
             if not options.rebuild:
-                installed = item_run.from_entry(cache.lookup(key, own))
+                for builder in (own, *trusted, UPSTREAM):
+                    installed = item_run.from_entry(cache.lookup(key, builder))
+                    if installed is not None:
+                        return installed
+                installed = item_run.from_entry(cache.lookup_wheelhouses(key))
                 if installed is not None:
                     return installed
             if item.upstream and options.upstream is not None and not options.rebuild:
-                with cache.lock(key, UPSTREAM):  # after our own: the one order both locks are taken in
+                with cache.lock(key, UPSTREAM):  # after the first: the one order both locks are taken in
                     installed = item_run.from_entry(cache.lookup(key, UPSTREAM))  # fetched meanwhile?
                     if installed is not None:
                         return installed
