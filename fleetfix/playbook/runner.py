@@ -646,6 +646,8 @@ def run_playbook(
     add_secrets(secret_values(vars))
     for target in targets:
         add_secrets(secret_values(target.vars))
+    if wheels is not None:  # what a wheel's manifest records (its build command) is masked the same way
+        wheels = replace(wheels, redact=redact.text)
     if on_step is not None:
         show_step = on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731

@@ -87,6 +87,8 @@ class WheelOptions:
     rebuild: bool = False  # build even when the cache or a wheelhouse has the key; replace the entry
     # Downloads upstream's release wheels for items that name one (None: never; they are built)
     upstream: Fetcher | None = None
+    # Masks the run's secrets in what the cache records (the build command); run_playbook sets it.
+    redact: Callable[[str], str] = str
 
 
 class ScriptResult(Protocol):
@@ -180,7 +182,7 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
     missing = missing_fields(key)
     cache = options.cache if not missing else None
     record: dict[str, Any] = {"item": name, "key": key, "missing": missing, "refused": []}
-    item_run = _ItemRun(item, execute, transport, guest, event, record)
+    item_run = _ItemRun(item, execute, transport, guest, event, record, options.redact)
     with _work_dir(transport) as work:
         item_run.work = work
         if cache is None:
@@ -240,6 +242,7 @@ class _ItemRun:
     guest: Callable[[], Guest]
     event: Callable[..., None]
     record: dict[str, Any]
+    redact: Callable[[str], str] = str
     work: str = ""
     upstream_note: str = ""
 
@@ -286,7 +289,8 @@ class _ItemRun:
         incoming = cache.incoming(wheel.rpartition("/")[2])
         try:
             pulled = self.guest().pull(wheel, incoming, max_bytes=DEFAULT_MAX_BYTES)
-            provenance = Provenance(builder, "build", round(seconds, 1), build_command=self.item.build)
+            provenance = Provenance(builder, "build", round(seconds, 1),
+                                    build_command=self.redact(self.item.build))
             entry: CacheEntry = cache.store(self.record["key"], incoming, provenance)
         except WheelRefused as refused:
             self.event("wheel", **self.record, action="built-not-cached", reason=str(refused),

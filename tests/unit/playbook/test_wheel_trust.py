@@ -17,6 +17,7 @@ from pathlib import Path
 from fleetfix.guests.node import NodeGuest
 from fleetfix.playbook.runner import PlaybookRun, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
+from fleetfix.secrets import MASK, Redactor
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
 from fleetfix.wheelcache import WheelCache, canonical_name, key_digest
@@ -72,11 +73,11 @@ def hosts(tmp_path: Path, *names: str, **extra: str) -> list[Target]:
 
 
 def run(tmp_path: Path, targets: list[Target], cache: WheelCache,
-        recorder: ListRecorder | None = None) -> PlaybookRun:
+        recorder: ListRecorder | None = None, redactor: Redactor | None = None) -> PlaybookRun:
     book = playbook_from(BOOK, tmp_path)
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in targets})
     return run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda target, transport: {},
-                        vars={}, check=False, recorder=recorder,
+                        vars={}, check=False, recorder=recorder, redactor=redactor,
                         guest_for=lambda target: NodeGuest(target, LocalTransport(target.name)),
                         wheels=WheelOptions(cache))
 
@@ -147,6 +148,17 @@ def test_what_a_builder_prints_decides_no_recorded_fact(tmp_path: Path) -> None:
     assert manifest["build_command"].startswith('python3 - "$FLEETFIX_WHEEL_DIR" t1 compiled <<')
     assert manifest["build_command"].rstrip().endswith("v1.0/x.whl")
     assert manifest["sdist_sha256"] is None  # the controller never had the source: not claimed
+
+
+def test_the_recorded_build_command_masks_the_runs_secrets(tmp_path: Path) -> None:
+    (builder,) = hosts(tmp_path, "t1")
+    redactor = Redactor()
+    redactor.add(["Dao-AILab/causal-conv1d"])  # stands for a token in an index URL of pip_args
+    cache = WheelCache(tmp_path / "cache")
+    run(tmp_path, [builder], cache, redactor=redactor)
+    (entry,) = cache.entries()
+    assert entry.build_command is not None
+    assert "Dao-AILab/causal-conv1d" not in entry.build_command and MASK in entry.build_command
 
 
 def test_a_pure_python_wheel_is_installed_on_its_builder_but_never_cached(tmp_path: Path) -> None:
