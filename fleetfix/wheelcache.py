@@ -163,6 +163,12 @@ def compiled_wheel_problem(path: Path, key: Mapping[str, str]) -> str | None:
     tag = f"{found['python']}-{found['abi']}-{found['platform']}"
     if found["platform"] == "any" or found["abi"] == "none":
         return f"{path.name} is tagged {tag}: a pure-Python wheel, not a compiled extension"
+    # PEP 425: a tag part may be a '.'-separated set; the wheel must be for the key's Python and machine.
+    python_tag, machine = key.get("python_tag", ""), key.get("machine", "")
+    if python_tag and python_tag not in found["python"].split("."):
+        return f"{path.name} is for Python {found['python']}, not the key's {python_tag}"
+    if machine and not any(platform.endswith(f"_{machine}") for platform in found["platform"].split(".")):
+        return f"{path.name} is for platform {found['platform']}, not the key's machine {machine}"
     read = _read_wheel(path, name=names[0], version=names[1], machine=key.get("machine", ""))
     if isinstance(read, str):
         return read

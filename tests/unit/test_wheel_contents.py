@@ -56,6 +56,10 @@ def test_a_compiled_wheel_for_the_key_is_accepted(tmp_path: Path) -> None:
      "demo_ext/_C.so (not ELF)"),
     (f"demo_ext-1.0-{TAG}.whl", {**INIT, "demo_ext/_C.so": elf(183)}, "ELF machine 183, not x86_64's 62"),
     (f"other-1.0-{TAG}.whl", {**INIT, "demo_ext/_C.so": elf()}, "is not demo-ext 1.0"),
+    ("demo_ext-1.0-cp312-cp312-linux_x86_64.whl", {**INIT, "demo_ext/_C.so": elf()},
+     "is for Python cp312, not the key's cp311"),
+    ("demo_ext-1.0-cp311-cp311-linux_aarch64.whl", {**INIT, "demo_ext/_C.so": elf()},
+     "is for platform linux_aarch64, not the key's machine x86_64"),
 ])
 def test_what_is_not_a_compiled_extension_for_the_key_is_refused(
         tmp_path: Path, name: str, members: dict[str, str | bytes], problem: str) -> None:
