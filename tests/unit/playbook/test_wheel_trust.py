@@ -194,3 +194,37 @@ def test_a_described_name_that_is_a_path_stays_text(tmp_path: Path) -> None:
         assert not (tmp_path / "builds" / "log").exists()
     finally:
         shutil.rmtree(outside, ignore_errors=True)
+
+
+def test_a_wheelhouse_the_operator_names_is_used_whoever_built_it(tmp_path: Path) -> None:
+    # CI's output (another controller's cache, its builder one of CI's containers) named with --wheelhouse.
+    (tmp_path / "ci").mkdir()
+    (ci,) = hosts(tmp_path / "ci", "ci-7")
+    ci_cache = WheelCache(tmp_path / "ci-wheels")
+    run(tmp_path / "ci", [ci], ci_cache)
+    (target,) = hosts(tmp_path, "t1")
+    recorder = ListRecorder()
+    run(tmp_path, [target], WheelCache(tmp_path / "cache", wheelhouses=[ci_cache.root]), recorder)
+    (event,) = recorder.of("wheel")
+    assert event["action"] == "installed-from-cache" and event["built_on"] == "ci-7"
+    assert built_on(target) == "ci-7" and not (tmp_path / "builds" / "log").exists()
+
+
+def test_an_entry_from_before_builders_were_recorded_is_never_used_from_the_cache(tmp_path: Path) -> None:
+    (target,) = hosts(tmp_path, "t1")
+    cache = WheelCache(tmp_path / "cache")
+    run(tmp_path, [target], cache)
+    (entry,) = cache.entries()
+    manifest = json.loads((entry.directory / "manifest.json").read_text())
+    manifest["fleetfix_wheel_cache"] = 1  # as version 1 wrote it: no builder; and under its old name
+    del manifest["builder"]
+    old = cache.root / f"demo-ext-1.0-{manifest['key_digest'][:16]}"
+    entry.directory.rename(old)
+    (old / "manifest.json").write_text(json.dumps(manifest))
+    (Path(target.vars["site"]) / "demo-ext").unlink()
+    recorder = ListRecorder()
+    run(tmp_path, [target], cache, recorder)
+    (event,) = recorder.of("wheel")
+    assert event["action"] == "built"
+    problems = dict((e.directory.name, problem) for e, problem in cache.verify())
+    assert "written before fleetfix recorded builders" in str(problems[old.name])
