@@ -170,7 +170,7 @@ steps:
 
 def wheel_targets(tmp_path: Path) -> list[Target]:
     """Four targets that trust each other's builds (an inventory group trusting itself, `wheels: trust:`;
-    by default each would build its own, test_wheel_trust.py)."""
+    by default each would build its own, test_wheel_trust_steps.py)."""
     (tmp_path / "builds").mkdir()
     targets = []
     names = frozenset({"t1", "t2", "t3", "t4"})

@@ -182,7 +182,7 @@ def test_a_release_wheel_that_fails_its_import_check_is_not_cached(tmp_path: Pat
         result = run(tmp_path, hosts, cache, fetcher=Fetcher(timeout=5), recorder=recorder)
         assert statuses(result) == {"t1": "changed", "t2": "changed"}, reasons(result)
         assert server.requests[SERVED] == 1  # refused once, never asked for again in the run
-    # Each builds its own: neither trusts the other's build (the default, test_wheel_trust.py).
+    # Each builds its own: neither trusts the other's build (the default, test_wheel_trust_steps.py).
     assert builds(tmp_path) == ["t1", "t2"]
     assert [origin(host) for host in hosts] == ["built", "built"]
     assert [entry.source for entry in cache.entries()] == ["build", "build"]
