@@ -106,3 +106,6 @@ class Target:
     tags: frozenset[str] = frozenset()
     groups: frozenset[str] = frozenset()
     source: str = "inventory"  # where it came from: a file path, "cli", "local", "proxmox:<cluster>"
+    # The targets whose built wheels this one installs from the wheel cache (inventory `wheels: trust:`,
+    # docs/security.md); by default none: a target installs only wheels it built itself.
+    wheel_builders: frozenset[str] = frozenset()

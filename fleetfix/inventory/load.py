@@ -163,7 +163,40 @@ def _build(
             merged.update(layer)  # top-level keys replace; nested mappings are not merged
         inventory.targets.append(replace(draft.target, vars=copy.deepcopy(merged), groups=frozenset(groups)))
     inventory.groups = members
+    if model.wheels.trust:
+        inventory.targets = _wheel_trust(model, where, inventory.targets, strict=not sources,
+                                         warnings=inventory.warnings)
     return inventory
+
+
+def _wheel_trust(model: InventoryModel, where: Locations, targets: Sequence[Target], *, strict: bool,
+                 warnings: list[str]) -> list[Target]:
+    """Each target with the names of the targets whose built wheels it installs (`wheels: trust:`). Every
+    pattern must match something, as in groups: a typo that silently trusts nobody would hide itself, and
+    one that trusts somebody else is what the error is for. With proxmox sources it is a warning."""
+    trusted: dict[str, set[str]] = {target.name: set() for target in targets}
+    for index, rule in enumerate(model.wheels.trust):
+        chosen = []
+        for part in ("builders", "install_on"):
+            terms: list[Term] = []
+            for position, entry in enumerate(getattr(rule, part)):
+                entry_loc: Loc = ("wheels", "trust", index, part, position)
+                try:
+                    parsed = parse_pattern(entry)
+                    check_unknown_prefixes(targets, parsed)
+                except ConfigError as exc:
+                    raise _error(where, entry_loc, exc.detail) from None
+                if not apply_terms(targets, parsed):
+                    error = _error(where, entry_loc, f"{entry!r} matched no targets")
+                    if strict:
+                        raise error
+                    warnings.append(str(error))
+                terms.extend(parsed)
+            chosen.append({target.name for target in apply_terms(targets, terms)} if terms else set())
+        builders, consumers = chosen
+        for name in consumers:
+            trusted[name] |= builders - {name}
+    return [replace(target, wheel_builders=frozenset(trusted[target.name])) for target in targets]
 
 
 def _add_discovered(

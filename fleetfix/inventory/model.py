@@ -249,8 +249,24 @@ class GroupModel(_Model):
     vars: Vars = {}
 
 
+class WheelTrustModel(_Model):
+    """One rule of `wheels: trust:`: wheels built on the `builders` may be installed on `install_on`. Both
+    are lists of patterns as in `--limit` and groups (names, groups, globs, `tag:`, `node:`, ...)."""
+
+    builders: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    install_on: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+
+
+class WheelsModel(_Model):
+    """Who may build for whom in the wheel cache (docs/security.md). No rule: a target installs only the
+    wheels it built itself (and upstream's release wheels and the operator's --wheelhouse entries)."""
+
+    trust: list[WheelTrustModel] = []
+
+
 class InventoryModel(_Model):
     defaults: DefaultsModel = DefaultsModel()
     nodes: list[NodeModel] = []  # at least one node or one proxmox source (checked in _build)
     proxmox: list[ProxmoxModel] = []
     groups: dict[Name, GroupModel] = {}
+    wheels: WheelsModel = WheelsModel()

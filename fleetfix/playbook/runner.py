@@ -451,7 +451,7 @@ class _StepRunner:
         try:
             outcome = run_wheels(rendered.wheels, execute=self._execute,
                                  transport=self.transport, guest=self._guest, options=self.wheels,
-                                 target=self.plan.target.name, event=event)
+                                 target=self.plan.target, event=event)
         except TransferError as exc:
             return self._result("failed", str(exc), self.runs[-1] if self.runs else None)
         last = self.runs[-1] if self.runs else None
@@ -681,6 +681,8 @@ def run_playbook(
     add_secrets(secret_values(vars))
     for target in targets:
         add_secrets(secret_values(target.vars))
+    if wheels is not None:  # what a wheel's manifest records (its build command) is masked the same way
+        wheels = replace(wheels, redact=redact.text)
     if on_step is not None:
         show_step = on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731

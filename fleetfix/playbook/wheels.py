@@ -1,27 +1,39 @@
-"""`wheels` steps: build a Python wheel once per binary-compatibility key, install it everywhere else.
+"""`wheels` steps: build a Python wheel once per binary-compatibility key, install it where it is trusted.
 
 Per item of the step, on one target:
 
     verify                          exit 0 → already installed, nothing to do
-    describe                        last stdout line "NAME VERSION": what the item resolves to here
+    describe                        last stdout line "NAME VERSION": what the item resolves to here; NAME
+                                    must be a PEP 508 name and VERSION a PEP 440 version, or the item fails
     key = the step's rendered key fields + name + version     (fleetfix.wheelcache: any empty field →
                                                                built as before, never cached)
-    with the cache's lock on key:   the first target of a key builds; the others wait here, then hit
-        hit (sha256 re-checked)  →  push the wheel, install, verify              ("installed from cache")
-        miss, and the item names upstream's release wheel whose label matches the key exactly
+    under the cache's lock of (key, this target and the builders it trusts), unless --rebuild:
+        this target's own entry, then that of each builder the inventory trusts for this target
+        (Target.wheel_builders), then upstream's release wheel's (the controller downloaded it), then a
+        --wheelhouse entry for the key (the operator named the directory)    → "installed from cache"
+        then, unless --rebuild, the item names upstream's release wheel whose label matches the key
                                  →  the controller downloads it, checks its dist-info, pushes it,
                                     install, verify, and only then stores it with its URL and sha256
                                     ("installed from upstream"); not there, unreachable, or failing the
                                     install or import check → on to the build, nothing cached
-        miss or --rebuild        →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
-                                    into the cache with its manifest            ("built")
+        otherwise                →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
+                                    and store it as this target's, if it is a compiled extension for the
+                                    key (a pure-Python wheel stays on its builder)             ("built")
 
-Ordering across concurrent targets is the per-key lock and nothing else: targets run as the fleet runs them
-(per node and --forks), each holds at most one key's lock at a time (items are done one by one, the lock is
-released after each), so there is no lock cycle; a builder that fails releases the key and the next waiter
-builds. A wheel is only ever installed on a target whose full key equals the entry's (the lookup compares
-the whole key), and only after its sha256 matched its manifest on the controller and again in the target
-(Guest.push).
+Who may install whose wheel is the inventory's (`wheels: trust:`, docs/inventory.md), never the key's: the
+key is what the targets reported about themselves, so a guest can make its key equal another's. By default
+a target installs only wheels it built itself, upstream's release wheels and the operator's wheelhouses.
+What the manifest records about provenance (builder, source, build command) is the controller's own; the
+build's output is only logged.
+
+Ordering across concurrent targets is the locks and nothing else: targets run as the fleet runs them (per
+node and --forks). The lock is per key and per set of builders (the target and those it trusts), so
+targets that trust the same builders (a group sharing its builds) take turns: the first builds, the others
+wait and install its wheel, and a builder that fails releases the key and the next waiter builds; targets
+that trust nobody build side by side. A target holds that lock and then perhaps upstream's (never the other
+way round), and items are done one by one, so there is no lock cycle. A wheel is only ever installed on
+a target whose full key equals the entry's, and only after its sha256 matched its manifest on the
+controller and again in the target (Guest.push).
 
 Scripts run through the step runner (`execute`), so each is recorded like any other script of the step;
 every decision is recorded as a `wheel` event (key, digest, action, entry, refused entries).
@@ -44,17 +56,26 @@ from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
 from fleetfix.httpfetch import Fetcher, FetchError
 from fleetfix.playbook.render import RenderedItem
 from fleetfix.releasewheels import candidate
+from fleetfix.target import Target
 from fleetfix.transport.base import Transport
 from fleetfix.wheelcache import (
+    UPSTREAM,
+    CacheEntry,
+    Lookup,
+    Provenance,
     WheelCache,
+    WheelRefused,
+    builder_label,
     canonical_name,
     missing_fields,
+    name_problem,
+    target_builder,
+    version_problem,
     wheel_name_version,
     wheel_problem,
 )
 
 WORK_ROOT = "/var/tmp"  # per item: <WORK_ROOT>/fleetfix-wheels-<random>, 0700, removed afterwards
-SOURCE_MARKER = "FLEETFIX_WHEEL_SOURCE="  # a build's stdout line naming where a downloaded wheel came from
 _LIST_WHEELS = 'for f in "$1"/*.whl; do [ -f "$f" ] && printf "%s\\n" "$f"; done; true'
 
 
@@ -66,6 +87,8 @@ class WheelOptions:
     rebuild: bool = False  # build even when the cache or a wheelhouse has the key; replace the entry
     # Downloads upstream's release wheels for items that name one (None: never; they are built)
     upstream: Fetcher | None = None
+    # Masks the run's secrets in what the cache records (the build command); run_playbook sets it.
+    redact: Callable[[str], str] = str
 
 
 class ScriptResult(Protocol):
@@ -119,7 +142,7 @@ def with_env(script: str, **values: str) -> str:
 
 def run_wheels(
     items: list[RenderedItem], *, execute: Execute, transport: Transport, guest: Callable[[], Guest],
-    options: WheelOptions, target: str, event: Callable[..., None],
+    options: WheelOptions, target: Target, event: Callable[..., None],
 ) -> WheelsOutcome:
     """Every item in order; the first failing item fails the step (later items are not tried)."""
     outcome = WheelsOutcome("ok")
@@ -153,60 +176,136 @@ def _work_dir(transport: Transport) -> Iterator[str]:
 
 
 def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, guest: Callable[[], Guest],
-         options: WheelOptions, target: str, event: Callable[..., None]) -> str:
-    described = execute("describe", item.describe)
-    words = (described.stdout.strip().splitlines() or [""])[-1].split()
-    if not _ok(described) or len(words) != 2:
-        raise _ItemFailed("describe failed: " + (_why(described) if not _ok(described)
-                                                 else f"expected 'NAME VERSION', got {' '.join(words)!r}"))
-    key = {**item.key, "name": canonical_name(words[0]), "version": words[1]}
+         options: WheelOptions, target: Target, event: Callable[..., None]) -> str:
+    key = _described_key(item, execute)
     name = f"{key['name']} {key['version']}"
     missing = missing_fields(key)
     cache = options.cache if not missing else None
-    lock = cache.lock(key) if cache is not None else contextlib.nullcontext()
-    record: dict[str, Any] = {"item": name, "key": key, "missing": missing}
-    with _work_dir(transport) as work, lock:
-        found = cache.lookup(key) if cache is not None and not options.rebuild else None
-        refused = found.refused if found is not None else []
-        record["refused"] = refused
-        note = f" (refused: {'; '.join(refused)})" if refused else ""
-        if found is not None and found.entry is not None:
-            entry = found.entry
-            remote = f"{work}/{entry.wheel}"
-            pushed = guest().push(entry.path, remote, mode=0o600, max_bytes=max(entry.size, 1))
-            if pushed.sha256 != entry.sha256:  # changed on the controller since the lookup re-hashed it
-                raise _ItemFailed(f"{entry.directory.name} changed while it was pushed; not installed")
-            _install_and_verify(item, execute, work, remote, what="the cached wheel")
-            event("wheel", **record, action="installed-from-cache", entry=entry.directory.name,
-                  sha256=pushed.sha256, size=pushed.size, built_on=entry.built_on)
-            return (f"{name}: installed from the wheel cache ({entry.directory.name}, built on "
-                    f"{entry.built_on}, sha256 {entry.sha256[:12]}){note}")
-        if cache is not None and item.upstream and options.upstream is not None and not options.rebuild:
-            got = _from_upstream(item, key, execute, guest, cache, options.upstream, work, event, record)
-            if isinstance(got, _Installed):
-                return f"{name}: {got.line}{note}"
-            record["upstream"] = got
-            note += f" (upstream: {got})"
-        started = time.monotonic()
-        built = execute("build", with_env(item.build, FLEETFIX_WHEEL_DIR=work))
-        if not _ok(built):
-            raise _ItemFailed("build failed: " + _why(built))
-        seconds = time.monotonic() - started
-        wheel = _the_wheel(transport, work, key)
-        _install_and_verify(item, execute, work, wheel, what="the built wheel")
-        source = next((line.strip()[len(SOURCE_MARKER):] for line in built.stdout.splitlines()
-                       if line.strip().startswith(SOURCE_MARKER)), "build")
+    record: dict[str, Any] = {"item": name, "key": key, "missing": missing, "refused": []}
+    item_run = _ItemRun(item, execute, transport, guest, event, record, options.redact)
+    with _work_dir(transport) as work:
+        item_run.work = work
         if cache is None:
+            seconds, _ = item_run.build()
             why = f"key incomplete: {', '.join(missing)} unknown" if missing else "no wheel cache"
             event("wheel", **record, action="built-not-cached", reason=why, build_seconds=seconds)
             return f"{name}: built in {seconds:.0f} s, not cached ({why})"
+        own = target_builder(target.name)
+        trusted = [target_builder(other) for other in sorted(target.wheel_builders - {target.name})]
+        record["trusted_builders"] = [builder_label(builder) for builder in trusted]
+        # One lock for everyone who trusts the same builders: a group sharing its builds takes turns, so
+        # the first builds and the others find its entry. Nobody waits for a build they would not install.
+        with cache.lock(key, "\n".join(sorted([own, *trusted]))):
+            if not options.rebuild:
+                for builder in (own, *trusted, UPSTREAM):
+                    installed = item_run.from_entry(cache.lookup(key, builder))
+                    if installed is not None:
+                        return installed
+                installed = item_run.from_entry(cache.lookup_wheelhouses(key))
+                if installed is not None:
+                    return installed
+            if item.upstream and options.upstream is not None and not options.rebuild:
+                with cache.lock(key, UPSTREAM):  # after the first: the one order both locks are taken in
+                    installed = item_run.from_entry(cache.lookup(key, UPSTREAM))  # fetched meanwhile?
+                    if installed is not None:
+                        return installed
+                    got = _from_upstream(item, key, item_run, cache, options.upstream)
+                if isinstance(got, _Installed):
+                    return f"{name}: {got.line}{item_run.note}"
+                record["upstream"] = got
+                item_run.upstream_note = f" (upstream: {got})"
+            return item_run.build_and_store(cache, own, rebuild=options.rebuild)
+
+
+def _described_key(item: RenderedItem, execute: Execute) -> dict[str, str]:
+    """The item's key: the step's fields, and NAME VERSION from describe's last line, which the target
+    printed: kept as text only once they are a distribution name and a version."""
+    described = execute("describe", item.describe)
+    words = (described.stdout.strip().splitlines() or [""])[-1].split()
+    if not _ok(described) or len(words) != 2:
+        got = " ".join(words)[:120]
+        raise _ItemFailed("describe failed: " + (_why(described) if not _ok(described)
+                                                 else f"expected 'NAME VERSION', got {got!r}"))
+    problem = name_problem(words[0]) or version_problem(words[1])
+    if problem is not None:
+        raise _ItemFailed(f"describe failed: {problem}")
+    return {**item.key, "name": canonical_name(words[0]), "version": words[1]}
+
+
+@dataclass
+class _ItemRun:
+    """One item on one target: installing an entry, or building (and storing) a wheel."""
+
+    item: RenderedItem
+    execute: Execute
+    transport: Transport
+    guest: Callable[[], Guest]
+    event: Callable[..., None]
+    record: dict[str, Any]
+    redact: Callable[[str], str] = str
+    work: str = ""
+    upstream_note: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.record["item"])
+
+    @property
+    def note(self) -> str:
+        refused = self.record["refused"]
+        return f" (refused: {'; '.join(refused)})" if refused else ""
+
+    def from_entry(self, found: Lookup) -> str | None:
+        """Install found's entry here, and say so; None when there is none (its refusals are noted)."""
+        self.record["refused"].extend(found.refused)
+        if found.entry is None:
+            return None
+        entry = found.entry
+        remote = f"{self.work}/{entry.wheel}"
+        pushed = self.guest().push(entry.path, remote, mode=0o600, max_bytes=max(entry.size, 1))
+        if pushed.sha256 != entry.sha256:  # changed on the controller since the lookup re-hashed it
+            raise _ItemFailed(f"{entry.directory.name} changed while it was pushed; not installed")
+        _install_and_verify(self.item, self.execute, self.work, remote, what="the cached wheel")
+        self.event("wheel", **self.record, action="installed-from-cache", entry=entry.directory.name,
+                   sha256=pushed.sha256, size=pushed.size, built_on=entry.built_on)
+        return (f"{self.name}: installed from the wheel cache ({entry.directory.name}, built on "
+                f"{entry.built_on}, sha256 {entry.sha256[:12]}){self.note}")
+
+    def build(self) -> tuple[float, str]:
+        """Build here, install, verify: (seconds, the wheel's path in the target)."""
+        started = time.monotonic()
+        built = self.execute("build", with_env(self.item.build, FLEETFIX_WHEEL_DIR=self.work))
+        if not _ok(built):
+            raise _ItemFailed("build failed: " + _why(built))
+        seconds = time.monotonic() - started
+        wheel = _the_wheel(self.transport, self.work, self.record["key"])
+        _install_and_verify(self.item, self.execute, self.work, wheel, what="the built wheel")
+        return seconds, wheel
+
+    def build_and_store(self, cache: WheelCache, builder: str, *, rebuild: bool) -> str:
+        """Build, install and verify here, then keep the wheel as builder's: unless it is not a compiled
+        extension for the key, which stays on this target only."""
+        seconds, wheel = self.build()
         incoming = cache.incoming(wheel.rpartition("/")[2])
-        pulled = guest().pull(wheel, incoming, max_bytes=DEFAULT_MAX_BYTES)
-        entry = cache.store(key, incoming, built_on=target, build_seconds=round(seconds, 1), source=source)
-        event("wheel", **record, action="built", entry=entry.directory.name, sha256=pulled.sha256,
-              size=pulled.size, build_seconds=seconds, source=source, rebuild=options.rebuild)
-        how = "built" if source == "build" else f"downloaded ({source})"
-        return f"{name}: {how} in {seconds:.0f} s, cached as {entry.directory.name}{note}"
+        try:
+            pulled = self.guest().pull(wheel, incoming, max_bytes=DEFAULT_MAX_BYTES)
+            provenance = Provenance(builder, "build", round(seconds, 1),
+                                    build_command=self.redact(self.item.build))
+            entry: CacheEntry = cache.store(self.record["key"], incoming, provenance)
+        except WheelRefused as refused:
+            self.event("wheel", **self.record, action="built-not-cached", reason=str(refused),
+                       build_seconds=seconds)
+            return (f"{self.name}: built in {seconds:.0f} s, not cached ({refused})"
+                    f"{self.note}{self.upstream_note}")
+        finally:
+            with contextlib.suppress(OSError):
+                incoming.unlink()  # still there unless stored
+            with contextlib.suppress(OSError):
+                incoming.parent.rmdir()
+        self.event("wheel", **self.record, action="built", entry=entry.directory.name, sha256=pulled.sha256,
+                   size=pulled.size, build_seconds=seconds, source="build", rebuild=rebuild)
+        return (f"{self.name}: built in {seconds:.0f} s, cached as {entry.directory.name}"
+                f"{self.note}{self.upstream_note}")
 
 
 @dataclass(frozen=True)
@@ -214,12 +313,12 @@ class _Installed:
     line: str
 
 
-def _from_upstream(item: RenderedItem, key: dict[str, str], execute: Execute, guest: Callable[[], Guest],
-                   cache: WheelCache, fetcher: Fetcher, work: str, event: Callable[..., None],
-                   record: dict[str, Any]) -> _Installed | str:
+def _from_upstream(item: RenderedItem, key: dict[str, str], item_run: _ItemRun, cache: WheelCache,
+                   fetcher: Fetcher) -> _Installed | str:
     """Upstream's release wheel for exactly this key, downloaded on the controller, installed and import-
-    checked here, then cached; or why not (the caller builds). Stored only after it passed on a target,
-    so a wheel that does not fit (an older glibc than upstream's build host) never reaches the cache."""
+    checked here, then cached as upstream's; or why not (the caller builds). Stored only after it passed on
+    a target, so a wheel that does not fit (an older glibc than upstream's build host) never reaches the
+    cache. The caller holds the key's UPSTREAM lock."""
     proposal = candidate(item.upstream, key)
     if isinstance(proposal, str):
         return f"no release wheel: {proposal}"
@@ -232,22 +331,26 @@ def _from_upstream(item: RenderedItem, key: dict[str, str], execute: Execute, gu
         problem = wheel_problem(incoming, name=key["name"], version=key["version"], tag=proposal.tag)
         if problem is not None:
             return _refused(fetcher, proposal.url, f"{proposal.filename} refused: {problem}")
-        remote = f"{work}/{proposal.install_name}"
-        pushed = guest().push(incoming, remote, mode=0o600, max_bytes=max(fetched.size, 1))
+        remote = f"{item_run.work}/{proposal.install_name}"
+        pushed = item_run.guest().push(incoming, remote, mode=0o600, max_bytes=max(fetched.size, 1))
         if pushed.sha256 != fetched.sha256:
             return f"{proposal.filename} changed on the controller while it was pushed; not installed"
         try:
-            _install_and_verify(item, execute, work, remote, what="upstream's release wheel")
+            _install_and_verify(item, item_run.execute, item_run.work, remote,
+                                what="upstream's release wheel")
         except _ItemFailed as failure:
             return _refused(fetcher, proposal.url, f"{proposal.filename}: {failure}")
-        entry = cache.store(key, incoming, built_on="upstream", build_seconds=None, source=proposal.url)
+        try:
+            entry = cache.store(key, incoming, Provenance(UPSTREAM, proposal.url))
+        except WheelRefused as refused:
+            return _refused(fetcher, proposal.url, f"{proposal.filename} refused: {refused}")
     finally:
         with contextlib.suppress(OSError):
             incoming.unlink()  # still there unless stored
         with contextlib.suppress(OSError):
             incoming.parent.rmdir()
-    event("wheel", **record, action="installed-from-upstream", entry=entry.directory.name,
-          url=proposal.url, sha256=entry.sha256, size=entry.size)
+    item_run.event("wheel", **item_run.record, action="installed-from-upstream", entry=entry.directory.name,
+                   url=proposal.url, sha256=entry.sha256, size=entry.size)
     return _Installed(f"installed upstream's release wheel {proposal.filename} (sha256 {entry.sha256[:12]}), "
                       f"cached as {entry.directory.name}")
 

@@ -1,4 +1,4 @@
-"""Issue 19's acceptance on the test bed: build once per key, install everywhere, through the real CLI.
+"""Issue 19's acceptance on the test bed: build once per key, install wherever it is trusted, through the CLI.
 
 Four containers share the real torch 2.14.1 (cu130) venv and get the real nvcc 13.0 (cuda-toolkit.yaml); the
 extension is our one-kernel fixture (tests/fixtures/extensions/fleetfix-tiny-ext). Three containers build for
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fleetfix.wheelcache import WheelCache
 from tests.e2e.conftest import CliResult, run_cli
 from tests.e2e.test_build_extensions import (  # noqa: F401  # session fixtures, used by name
     import_tiny,
@@ -42,13 +43,19 @@ BUILD = "playbooks/build-extensions.yaml"
 TINY = f"{TINY_EXTENSION_IN_CT}=fleetfix_tiny_cuda+fleetfix_tiny"
 
 
-def inventory(path: Path, lab: Lab, cts: Sequence[tuple[Container, str]], python: Path) -> Path:
+def inventory(path: Path, lab: Lab, cts: Sequence[tuple[Container, str]], python: Path, *,
+              share: bool = False) -> Path:
+    """The containers with their arch lists; share: they trust each other's builds (`wheels: trust:`, a
+    group sharing its builds), else each installs only what it built (the default)."""
     node = lab.node()
-    document = {
+    document: dict[str, Any] = {
         "defaults": {"identity_file": str(lab.client_key), "known_hosts": str(lab.known_hosts)},
         "nodes": [{"name": node.name, "address": node.address, "port": node.port, "containers": [
             {"ctid": ct.ctid, "vars": {"python": str(python), "cuda_arch_list": arch}} for ct, arch in cts]}],
     }
+    if share:
+        everyone = [f"node:{node.name}"]
+        document["wheels"] = {"trust": [{"builders": everyone, "install_on": everyone}]}
     path.write_text(yaml.safe_dump(document))
     return path
 
@@ -73,8 +80,10 @@ def test_built_once_per_key_installed_everywhere(
         add_tiny_extension_source(ct)
     same_key = [(ct, "9.0") for ct in cts[:3]]
     everyone = [*same_key, (cts[3], "8.0")]
-    inv_all = inventory(tmp_path / "all.yaml", lab, everyone, real_torch.python)
-    inv_same = inventory(tmp_path / "same.yaml", lab, same_key, real_torch.python)
+    # The containers trust each other's builds (one team's group): built once per key. By default each
+    # would build its own (tests/e2e/test_wheel_trust.py).
+    inv_all = inventory(tmp_path / "all.yaml", lab, everyone, real_torch.python, share=True)
+    inv_same = inventory(tmp_path / "same.yaml", lab, same_key, real_torch.python, share=True)
     state, cache = tmp_path / "state", tmp_path / "wheels"
     common = ["--state-dir", str(state), "--wheel-cache", str(cache)]
 
@@ -128,7 +137,7 @@ def test_built_once_per_key_installed_everywhere(
     rebuilding = cts[:int(os.environ.get("FLEETFIX_MEASURE_REBUILD", "1"))]
     uninstall(rebuilding)
     inv_rebuild = inventory(tmp_path / "rebuild.yaml", lab, [(ct, "9.0") for ct in rebuilding],
-                            real_torch.python)
+                            real_torch.python, share=True)
     rebuilt, rebuilt_s = build(inv_rebuild, "--rebuild")
     rebuilt_events = wheel_events(state, rebuilt)
     assert [e["action"] for e in rebuilt_events] == ["built"] * len(rebuilding)  # the cache had the key
@@ -139,14 +148,15 @@ def test_built_once_per_key_installed_everywhere(
     for ct in rebuilding:
         assert import_tiny(ct, real_torch) == "13000"
 
-    # 4. A corrupted entry (its wheel no longer matches the manifest's sha256) is refused and rebuilt.
-    entry = next(e for e in run_cli("wheels", "list", "--wheel-cache", str(cache), "--json").json()
-                 if e["key"]["arch_list"] == "9.0")
-    (wheel,) = [path for path in cache.glob(f"*/{entry['wheel']}")
-                if path.parent.name.endswith(entry["key_digest"][:16])]
-    corrupted = bytearray(wheel.read_bytes())
-    corrupted[len(corrupted) // 2] ^= 0xFF
-    wheel.write_bytes(bytes(corrupted))
+    # 4. Corrupted entries (their wheels no longer match the manifests' sha256) are refused and rebuilt.
+    #    Every 9.0 entry (the first build's, and the --rebuild's when another container made it).
+    for entry in run_cli("wheels", "list", "--wheel-cache", str(cache), "--json").json():
+        if entry["key"]["arch_list"] != "9.0":
+            continue
+        wheel = cache / WheelCache.entry_name(entry["key"], entry["builder"]) / entry["wheel"]
+        corrupted = bytearray(wheel.read_bytes())
+        corrupted[len(corrupted) // 2] ^= 0xFF
+        wheel.write_bytes(bytes(corrupted))
     assert run_cli("wheels", "verify", "--wheel-cache", str(cache)).exit_code == 1
     uninstall(cts[:1])
     healed, _ = build(inv_all)

@@ -76,7 +76,7 @@ def test_bad_fixtures_cover_the_required_cases() -> None:
      "inv.yaml:2: proxmox.0.filtre: unknown field (did you mean 'filter'?)"),
     # nothing close: the fields it could have been
     ("nodes: [{name: pve1, address: 10.1.2.6}]\ncolour: red\n",
-     "inv.yaml:2: colour: unknown field (expected one of: defaults, nodes, proxmox, groups)"),
+     "inv.yaml:2: colour: unknown field (expected one of: defaults, nodes, proxmox, groups, wheels)"),
 ])
 def test_unknown_keys_are_named_first_with_a_suggestion(text: str, expected: str) -> None:
     with pytest.raises(InventoryError) as caught:

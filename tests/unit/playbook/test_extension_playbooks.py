@@ -25,7 +25,8 @@ US = "\x1f"
 
 FAKE_PYTHON = """#!/bin/sh
 # Stand-in interpreter: torch is CUDA $FAKE_TORCH_CUDA; a module imports once $STATE/built-<module> exists;
-# `-m pip wheel` records its argv and environment, then writes a wheel for $FAKE_DIST into -w DIR;
+# `-m pip wheel` records its argv and environment, then writes a wheel for $FAKE_DIST into -w DIR (a copy
+# of $FAKE_WHEEL_FROM, else an empty file);
 # `-m pip install WHEEL` "installs" the modules in $FAKE_PROVIDES; `--dry-run --report F` resolves.
 state={state}
 case "$1" in
@@ -51,7 +52,8 @@ case "$1" in
         if [ -n "${{FAKE_PIP_FAIL:-}}" ]; then echo "nvcc fatal : fake failure" >&2; exit 1; fi
         dir=; prev=
         for a in "$@"; do [ "$prev" = -w ] && dir=$a; prev=$a; done
-        : > "$dir/$(echo "$FAKE_DIST" | tr - _)-1.7.0-cp311-cp311-linux_x86_64.whl"
+        out="$dir/$(echo "$FAKE_DIST" | tr - _)-1.7.0-cp311-cp311-linux_x86_64.whl"
+        if [ -n "${{FAKE_WHEEL_FROM:-}}" ]; then cp "$FAKE_WHEEL_FROM" "$out"; else : > "$out"; fi
         echo "Successfully built fake" ;;
       *)
         printf '%s\\n' "$@" > "$state/pip-install-args"
@@ -321,11 +323,20 @@ def test_build_sets_cuda_home_jobs_arch_and_switches(facts: dict[str, Any], fake
     assert again.status == "ok"
 
 
-def test_the_cache_key_of_an_extension(facts: dict[str, Any], fake_python: Path, tmp_path: Path) -> None:
+def test_the_cache_key_of_an_extension(facts: dict[str, Any], fake_python: Path, tmp_path: Path,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from fleetfix.guests.node import NodeGuest
     from fleetfix.playbook.wheels import WheelOptions
     from fleetfix.transport.local import LocalTransport
     from fleetfix.wheelcache import WheelCache
+    from tests.lab.releases import make_wheel
+
+    # What the cache keeps is a compiled extension: an x86_64 ELF header stands in for the module.
+    so = b"\x7fELF\x02\x01\x01" + bytes(11) + (62).to_bytes(2, "little") + bytes(44)
+    wheel = tmp_path / "built.whl"
+    wheel.write_bytes(make_wheel("causal_conv1d", "1.7.0", "cp311-cp311-linux_x86_64",
+                                 {"causal_conv1d_cuda.cpython-311-x86_64-linux-gnu.so": so}))
+    monkeypatch.setenv("FAKE_WHEEL_FROM", str(wheel))
 
     home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
     cache = WheelCache(tmp_path / "cache")

@@ -4,6 +4,7 @@ left out (tests/e2e/test_transfer.py and test_wheel_cache.py drive those)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import zipfile
@@ -153,8 +154,13 @@ steps:
       build: |
         python3 - "$FLEETFIX_WHEEL_DIR" {{ flavour }} <<'EOF'
         import sys, zipfile
-        with zipfile.ZipFile(sys.argv[1] + "/demo_ext-1.0-cp311-cp311-linux_x86_64.whl", "w") as z:
+        tag, info = "cp311-cp311-linux_x86_64", "demo_ext-1.0.dist-info"
+        with zipfile.ZipFile(sys.argv[1] + "/demo_ext-1.0-" + tag + ".whl", "w") as z:
             z.writestr("demo_ext/__init__.py", "FLAVOUR = %r\\n" % sys.argv[2])
+            # what the cache keeps: a compiled extension (an x86_64 ELF header stands in for the module)
+            z.writestr("demo_ext/_C.so", b"\\x7fELF\\x02\\x01\\x01" + bytes(11) + b"\\x3e\\x00" + bytes(44))
+            z.writestr(info + "/METADATA", "Metadata-Version: 2.1\\nName: demo-ext\\nVersion: 1.0\\n")
+            z.writestr(info + "/WHEEL", "Wheel-Version: 1.0\\nRoot-Is-Purelib: false\\nTag: " + tag + "\\n")
         EOF
         echo {{ target.name }} >> {{ builds }}/log
       install: cp "$FLEETFIX_WHEEL" {{ site }}/{{ item }}
@@ -163,13 +169,16 @@ steps:
 
 
 def wheel_targets(tmp_path: Path) -> list[Target]:
+    """Four targets that trust each other's builds (an inventory group trusting itself, `wheels: trust:`;
+    by default each would build its own, test_wheel_trust_steps.py)."""
     (tmp_path / "builds").mkdir()
     targets = []
+    names = frozenset({"t1", "t2", "t3", "t4"})
     for name, flavour in (("t1", "a"), ("t2", "a"), ("t3", "a"), ("t4", "b")):
         site = tmp_path / "sites" / name
         site.mkdir(parents=True)
-        targets.append(make_target(name, None, site=str(site), flavour=flavour,
-                                   builds=str(tmp_path / "builds")))
+        target = make_target(name, None, site=str(site), flavour=flavour, builds=str(tmp_path / "builds"))
+        targets.append(dataclasses.replace(target, wheel_builders=names - {name}))
     return targets
 
 

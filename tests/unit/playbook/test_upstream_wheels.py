@@ -28,6 +28,7 @@ from tests.unit.playbook.test_transfer_and_wheel_steps import ListRecorder
 TAG = "cp312-cp312-linux_x86_64"
 RELEASE = ("/Dao-AILab/causal-conv1d/releases/download/v{version}/causal_conv1d-{version}"
            "+cu{cuda_major}torch{torch}cxx11abi{cxx11abi}-{python_tag}-{python_tag}-{platform}.whl")
+ELF_X86_64 = b"\x7fELF\x02\x01\x01" + bytes(11) + (62).to_bytes(2, "little") + bytes(44)
 # What the stand-in serves for torch 2.8 (the key of t1 and t2); torch 2.9 (t3) has no release wheel.
 SERVED = ("/Dao-AILab/causal-conv1d/releases/download/v1.6.1/"
           "causal_conv1d-1.6.1+cu12torch2.8cxx11abiTRUE-cp312-cp312-linux_x86_64.whl")
@@ -51,8 +52,13 @@ steps:
       build: |
         python3 - "$FLEETFIX_WHEEL_DIR" <<'EOF'
         import sys, zipfile
-        with zipfile.ZipFile(sys.argv[1] + "/causal_conv1d-1.6.1-cp312-cp312-linux_x86_64.whl", "w") as z:
+        tag, info = "cp312-cp312-linux_x86_64", "causal_conv1d-1.6.1.dist-info"
+        with zipfile.ZipFile(sys.argv[1] + "/causal_conv1d-1.6.1-" + tag + ".whl", "w") as z:
             z.writestr("causal_conv1d/__init__.py", "ORIGIN = 'built'\\n")
+            so = b"\\x7fELF\\x02\\x01\\x01" + bytes(11) + b"\\x3e\\x00" + bytes(44)
+            z.writestr("causal_conv1d_cuda.so", so)
+            z.writestr(info + "/METADATA", "Metadata-Version: 2.1\\nName: causal-conv1d\\nVersion: 1.6.1\\n")
+            z.writestr(info + "/WHEEL", "Wheel-Version: 1.0\\nRoot-Is-Purelib: false\\nTag: " + tag + "\\n")
         EOF
         echo {{ target.name }} >> {{ builds }}/log
       install: rm -rf {{ site }}/causal_conv1d && python3 -m zipfile -e "$FLEETFIX_WHEEL" {{ site }}
@@ -75,7 +81,10 @@ def fetcher() -> Fetcher:
 
 
 def served_wheel(origin: str = "upstream", *, broken: bool = False, version: str = "1.6.1") -> bytes:
-    files = {"causal_conv1d/__init__.py": f"ORIGIN = {origin!r}\n"}
+    # A compiled extension, as upstream's are (the cache keeps nothing else): an x86_64 ELF header stands
+    # in for the module.
+    files: dict[str, str | bytes] = {"causal_conv1d/__init__.py": f"ORIGIN = {origin!r}\n",
+                                     "causal_conv1d_cuda.so": ELF_X86_64}
     if broken:
         files["causal_conv1d/BROKEN"] = ""
     return make_wheel("causal_conv1d", version, TAG, files)
@@ -193,10 +202,11 @@ def test_a_release_wheel_that_fails_its_import_check_is_not_cached(tmp_path: Pat
         cache, recorder = WheelCache(tmp_path / "cache"), ListRecorder()
         result = run(tmp_path, hosts, cache, fetcher=fetcher(), recorder=recorder)
         assert statuses(result) == {"t1": "changed", "t2": "changed"}, reasons(result)
-        assert server.requests[SERVED] == 1  # the other target of the key got the built wheel
-    assert builds(tmp_path) in (["t1"], ["t2"])
+        assert server.requests[SERVED] == 1  # refused once, never asked for again in the run
+    # Each builds its own: neither trusts the other's build (the default, test_wheel_trust_steps.py).
+    assert builds(tmp_path) == ["t1", "t2"]
     assert [origin(host) for host in hosts] == ["built", "built"]
-    assert [entry.source for entry in cache.entries()] == ["build"]
+    assert [entry.source for entry in cache.entries()] == ["build", "build"]
     built = next(event for event in recorder.of("wheel") if event["action"] == "built")
     assert "upstream's release wheel installed but verify failed" in built["upstream"]
 
