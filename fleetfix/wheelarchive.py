@@ -2,15 +2,17 @@
 
 A zip file declares each member's uncompressed size in its central directory, and Python's zipfile never
 decompresses a member past that size (it stops there, and the CRC check fails for a member that would
-give more). So the declared sizes bound every later read of the wheel: the CRC pass over all members
-(`wheelcache.wheel_problem`), the dist-info files read into memory, pip's unpacking in the target. Deflate
-compresses a run of zeros about 1000:1, so a 4 GiB download (the transfer limit) could declare terabytes:
-refused here, from the directory alone, before anything is decompressed.
+give more). So the declared sizes bound every later read of the wheel: the CRC pass over all members,
+the dist-info files read into memory, pip's unpacking in the target. Deflate compresses a run of zeros
+about 1000:1, so a 4 GiB download (the transfer limit) could declare terabytes: refused here, from the
+directory alone, before anything is decompressed. A wheel a guest built is judged by the same limits
+(`wheelcache`, through `members_problem`).
 """
 
 from __future__ import annotations
 
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 MAX_MEMBERS = 100_000
@@ -26,6 +28,11 @@ def archive_problem(path: Path) -> str | None:
             members = archive.infolist()
     except (OSError, zipfile.BadZipFile, EOFError) as error:
         return f"not a readable wheel ({error})"
+    return members_problem(members)
+
+
+def members_problem(members: Sequence[zipfile.ZipInfo]) -> str | None:
+    """Why a zip directory with these members unpacks to too much, or None."""
     if len(members) > MAX_MEMBERS:
         return f"{len(members)} members, over the limit of {MAX_MEMBERS}"
     total = 0

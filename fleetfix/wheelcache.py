@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from fleetfix.errors import ConfigError
+from fleetfix.paths import private_dir
+from fleetfix.wheelarchive import members_problem
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2  # 1: before builders were recorded; such entries are read only in wheelhouses
@@ -79,9 +81,9 @@ UPSTREAM = "upstream"
 _TARGET = "target:"  # a builder that is an inventory target: "target:<its name>"
 
 # What reading a wheel may cost, whatever its zip headers claim.
+# The zip directory is judged by wheelarchive's limits (members, sizes declared); METADATA and WHEEL, read
+# into memory, by a tighter one.
 MAX_DIST_INFO_FILE = 1024 * 1024  # METADATA, WHEEL: real ones are a few KiB
-MAX_MEMBERS = 100_000
-MAX_UNPACKED = 16 * 1024**3  # the sum of the members' sizes (flash-attn's wheel unpacks to < 2 GiB)
 _CHUNK = 1024 * 1024
 # ELF: e_ident starts with "\x7fELF", e_ident[EI_DATA] (offset 5) is 1 for little- and 2 for big-endian,
 # and e_machine is the 16-bit field at offset 18 (glibc's elf.h: ELFMAG, EI_DATA, Elf64_Ehdr).
@@ -193,10 +195,9 @@ def _read_wheel(path: Path, *, name: str, version: str, machine: str = "") -> _W
     try:
         with zipfile.ZipFile(path) as wheel:
             members = wheel.infolist()
-            if len(members) > MAX_MEMBERS:
-                return f"{len(members)} members, more than {MAX_MEMBERS}"
-            if sum(member.file_size for member in members) > MAX_UNPACKED:
-                return f"its members unpack to more than {MAX_UNPACKED // 1024**3} GiB"
+            too_much = members_problem(members)
+            if too_much is not None:
+                return too_much
             tops = [member.filename.split("/") for member in members if member.filename.count("/") == 1]
             infos = {parts[0] for parts in tops if parts[0].endswith(".dist-info")}
             if len(infos) != 1:
@@ -379,8 +380,8 @@ def _read_entry(directory: Path, *, legacy: bool = False) -> CacheEntry:
 
 
 def _private_dir(path: Path) -> Path:
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(path, 0o700)  # also when it existed with a wider mode, or the umask narrowed mkdir's
+    private_dir(path)  # every parent it creates 0700 too, whatever the umask
+    os.chmod(path, 0o700)  # also when it existed with a wider mode
     return path
 
 

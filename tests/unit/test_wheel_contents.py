@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetfix.wheelarchive import MAX_METADATA_BYTES
 from fleetfix.wheelcache import (
     MAX_DIST_INFO_FILE,
     Provenance,
@@ -83,6 +84,22 @@ def test_a_wheel_whose_dist_info_says_purelib_is_refused(tmp_path: Path) -> None
     assert found is not None and "Root-Is-Purelib: true" in found
 
 
+def test_a_metadata_within_the_archive_limit_is_still_read_with_the_tighter_cap(tmp_path: Path) -> None:
+    # The zip directory's limit for a dist-info file is wheelarchive's; METADATA, read into memory, has
+    # a tighter one of its own.
+    size = MAX_DIST_INFO_FILE + 1
+    assert size < MAX_METADATA_BYTES
+    path = tmp_path / f"demo_ext-1.0-{TAG}.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as wheel:
+        wheel.writestr("demo_ext/_C.cpython-311-x86_64-linux-gnu.so", elf())
+        wheel.writestr("demo_ext-1.0.dist-info/WHEEL",
+                       f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {TAG}\n")
+        header = b"Metadata-Version: 2.1\nName: demo-ext\nVersion: 1.0\n\n"
+        wheel.writestr("demo_ext-1.0.dist-info/METADATA", header + b"x" * (size - len(header)))
+    found = compiled_wheel_problem(path, KEY)
+    assert found is not None and f"METADATA is {size} bytes, more than {MAX_DIST_INFO_FILE}" in found, found
+
+
 def test_store_refuses_a_pure_wheel_and_keeps_nothing(tmp_path: Path) -> None:
     cache = WheelCache(tmp_path / "cache")
     incoming = cache.incoming(f"demo_ext-1.0-{TAG}.whl")
@@ -128,14 +145,15 @@ def test_a_metadata_bomb_is_refused_with_bounded_memory(metadata_bomb: Path) -> 
     done = subprocess.run([sys.executable, "-c", CHECK_UNDER_A_MEMORY_LIMIT, str(metadata_bomb), str(limit)],
                           capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"METADATA is {1024**3 + 51} bytes, more than {MAX_DIST_INFO_FILE}" in done.stdout, done.stdout
+    said = f"METADATA' unpacks to {1024**3 + 51} bytes, over the limit of {MAX_METADATA_BYTES}"
+    assert said in done.stdout, done.stdout
 
 
 def test_a_metadata_bomb_is_never_stored(tmp_path: Path, metadata_bomb: Path) -> None:
     cache = WheelCache(tmp_path / "cache")
     incoming = cache.incoming(metadata_bomb.name)
     incoming.write_bytes(metadata_bomb.read_bytes())
-    with pytest.raises(WheelRefused, match="METADATA is"):
+    with pytest.raises(WheelRefused, match="METADATA' unpacks to"):
         cache.store(KEY, incoming, Provenance(target_builder("t1")))
 
 

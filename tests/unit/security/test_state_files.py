@@ -153,3 +153,18 @@ def test_a_state_dir_from_the_environment_is_private_with_its_parents(tmp_path: 
     assert state in made and (state / "audit.db").exists()
     modes = {str(path.relative_to(tmp_path)): oct(path.stat().st_mode & 0o777) for path in made}
     assert modes == {name: oct(0o700 if (tmp_path / name).is_dir() else 0o600) for name in modes}, modes
+
+
+def test_a_new_wheel_cache_and_its_parents_are_private_under_umask_000(tmp_path: Path) -> None:
+    from fleetfix.wheelcache import WheelCache
+
+    root = tmp_path / "a" / "b" / "cache"
+    old = os.umask(0)
+    try:
+        with WheelCache(root).lock({"name": "demo", "version": "1"}, "upstream"):
+            pass
+    finally:
+        os.umask(old)
+    made = [tmp_path / "a", tmp_path / "a" / "b", root, *[p for p in root.rglob("*") if p.is_dir()]]
+    for directory in made:
+        assert directory.stat().st_mode & 0o777 == 0o700, directory
