@@ -111,15 +111,38 @@ def agent_bytes(value: object) -> bytes:
         return value.encode("utf-8")
 
 
+# The fixes for a VM the agent cannot reach (docs/findings.md, "Fixes by guest kind", has the sources). PVE
+# adds the agent's virtio-serial port only when QEMU starts ("A fresh start of the VM is necessary", pve-docs
+# qm.adoc "Enable Guest Agent Communication"); `qm reboot` shuts the VM down and starts it again (a reboot
+# from inside keeps the same QEMU process). Debian's qemu-guest-agent service is bound to that port and is
+# started by the package's udev rule when the port appears (its [Install] section is empty, so `systemctl
+# enable` does nothing): installed while the port is there, `systemctl start` starts it now.
+_INSTALL_AGENT = ("in the VM, install the agent (package qemu-guest-agent; Debian/Ubuntu: apt-get install "
+                  "qemu-guest-agent) and start it (systemctl start qemu-guest-agent)")
+
+
+def agent_not_configured_fix(vmid: int) -> str:
+    """No `agent:` line in the VM's config: enable it, restart the VM so the port exists, install qemu-ga."""
+    return (f"on the node, qm set {vmid} --agent enabled=1, then a fresh start of the VM (qm reboot {vmid}) "
+            f"to add the agent's virtio-serial port; {_INSTALL_AGENT}")
+
+
+def agent_not_running_fix(vmid: int) -> str:
+    """The config names an agent but it does not answer: not installed or not started in the VM, or the config
+    says `agent: 0` or was changed after the VM started (then the port is missing)."""
+    return (f"{_INSTALL_AGENT}; if qm config {vmid} shows agent: 0, or the agent was enabled after the VM "
+            f"started, qm set {vmid} --agent enabled=1 and qm reboot {vmid} first")
+
+
 def qm_error(result: CommandResult, vmid: int, node: str) -> GuestError:
     """Why qm did not run the command (it printed no JSON), as one line for this target."""
     lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
     known = {
-        "No QEMU guest agent configured": f"VM {vmid} on {node} has no QEMU guest agent configured "
-        f"(enable it: qm set {vmid} --agent enabled=1, and install qemu-guest-agent in the VM)",
+        "No QEMU guest agent configured": f"VM {vmid} on {node} has no QEMU guest agent configured: "
+        f"{agent_not_configured_fix(vmid)}",
         f"VM {vmid} is not running": f"VM {vmid} on {node} is stopped",
-        "QEMU guest agent is not running": f"VM {vmid} on {node}: the QEMU guest agent is not running "
-        "(install and start qemu-guest-agent in the VM)",
+        "QEMU guest agent is not running": f"VM {vmid} on {node}: the QEMU guest agent is not running: "
+        f"{agent_not_running_fix(vmid)}",
     }
     missing = re.compile(rf"Configuration file 'nodes/[^/']+/qemu-server/{vmid}\.conf' does not exist")
     for line in reversed(lines):  # qm's die is its last line; the login shell may have warned before it

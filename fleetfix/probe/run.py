@@ -302,7 +302,8 @@ class _Probed:
         try:
             facts = parse_facts(self.stdout)
             required = self.target.vars.get("required_extensions") or ()
-            findings = diagnose(facts, self.node, required_extensions=[str(name) for name in required])
+            findings = diagnose(facts, self.node, required_extensions=[str(name) for name in required],
+                                guest=self.target.guest)
         except Exception as error:
             failed = Outcome.failed(self.target, error, self.duration)
             return TargetReport(self.target, failed.status, error=failed.error, duration=self.duration)

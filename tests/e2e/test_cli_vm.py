@@ -122,8 +122,9 @@ def test_vms_that_cannot_take_commands_are_one_line_each_and_the_others_run(
 ) -> None:
     good, ct = make_vm(), make_ct()
     no_agent, agentless = make_vm(agent=False), make_vm(agent_installed=False)
-    stopped = make_vm(running=False)
-    targets = vm_args(lab, good.vmid, no_agent.vmid, agentless.vmid, stopped.vmid, ctids=(ct.ctid,))
+    disabled, stopped = make_vm(config={"agent": "0"}), make_vm(running=False)
+    vmids = (good.vmid, no_agent.vmid, agentless.vmid, disabled.vmid, stopped.vmid)
+    targets = vm_args(lab, *vmids, ctids=(ct.ctid,))
     node = lab.node().address
 
     ran = run_cli("exec", *targets, "--", "hostname")
@@ -131,12 +132,20 @@ def test_vms_that_cannot_take_commands_are_one_line_each_and_the_others_run(
     assert f"== {node}/{good.vmid} exit 0\nvm{good.vmid}\n" in ran.stdout
     assert f"== {node}/{ct.ctid} exit 0\nct{ct.ctid}\n" in ran.stdout
     lines = [line for line in ran.stdout.splitlines() if "unreachable" in line]
+    install = ("in the VM, install the agent (package qemu-guest-agent; Debian/Ubuntu: apt-get install "
+               "qemu-guest-agent) and start it (systemctl start qemu-guest-agent)")
+
+    def not_running(vmid: int) -> str:  # installed but not started, not installed, or `agent: 0`
+        return (f"== {node}/{vmid} unreachable: VM {vmid} on {node}: the QEMU guest agent is not running: "
+                f"{install}; if qm config {vmid} shows agent: 0, or the agent was enabled after the VM "
+                f"started, qm set {vmid} --agent enabled=1 and qm reboot {vmid} first")
+
     assert lines == [
         f"== {node}/{no_agent.vmid} unreachable: VM {no_agent.vmid} on {node} has no QEMU guest agent "
-        f"configured (enable it: qm set {no_agent.vmid} --agent enabled=1, and install qemu-guest-agent in "
-        "the VM)",
-        f"== {node}/{agentless.vmid} unreachable: VM {agentless.vmid} on {node}: the QEMU guest agent is not "
-        "running (install and start qemu-guest-agent in the VM)",
+        f"configured: on the node, qm set {no_agent.vmid} --agent enabled=1, then a fresh start of the VM "
+        f"(qm reboot {no_agent.vmid}) to add the agent's virtio-serial port; {install}",
+        not_running(agentless.vmid),
+        not_running(disabled.vmid),
         f"== {node}/{stopped.vmid} unreachable: VM {stopped.vmid} on {node} is stopped",
     ]
     assert "Traceback" not in ran.stderr
@@ -145,8 +154,35 @@ def test_vms_that_cannot_take_commands_are_one_line_each_and_the_others_run(
     assert probed.exit_code == 4
     by_vmid = {report["vmid"]: report for report in probed.json()["targets"]}
     assert by_vmid[good.vmid]["status"] == by_vmid[ct.ctid]["status"] == "ok"
-    for vmid in (no_agent.vmid, agentless.vmid, stopped.vmid):
+    for vmid in vmids[1:]:
         assert by_vmid[vmid]["status"] == "unreachable" and f"VM {vmid}" in by_vmid[vmid]["error"]
+    assert f"qm set {no_agent.vmid} --agent enabled=1" in by_vmid[no_agent.vmid]["error"]
+    assert "apt-get install qemu-guest-agent" in by_vmid[agentless.vmid]["error"]
+
+
+def test_a_vm_and_a_container_each_get_the_fixes_of_their_kind(
+    lab: Lab, make_vm: MakeVm, make_ct: MakeCt,
+) -> None:
+    """The same broken stack (a CUDA torch, no GPU device, little disk) in a VM and in a container: the VM is
+    told PCI passthrough (hostpci) and `qm resize` with growing its file system inside, the container its
+    config's device lines and `pct resize`, each with its own id and nothing of the other kind."""
+    machine, ct = make_vm(setup=problem_case), make_ct(setup=problem_case)
+    probed = run_cli("probe", *vm_args(lab, machine.vmid, ctids=(ct.ctid,)), "--json")
+    assert probed.exit_code == 3, probed.stdout + probed.stderr
+    by_id = {report["vmid"]: report for report in probed.json()["targets"]}
+    hints = {guest: {f["code"]: f["fix"]["hint"] for f in by_id[guest]["findings"]}
+             for guest in (machine.vmid, ct.ctid)}
+    vm_gpu, ct_gpu = hints[machine.vmid]["GPU_NOT_VISIBLE"], hints[ct.ctid]["GPU_NOT_VISIBLE"]
+    assert f"qm set {machine.vmid} --hostpci0 <the GPU's PCI address" in vm_gpu and ",pcie=1" in vm_gpu
+    assert f"qm set {machine.vmid} --machine q35" in vm_gpu and "IOMMU" in vm_gpu
+    assert "lxc." not in vm_gpu and "pct " not in vm_gpu and "/etc/pve/lxc" not in vm_gpu
+    assert f"/etc/pve/lxc/{ct.ctid}.conf" in ct_gpu and "lxc.mount.entry" in ct_gpu
+    assert f"pct set {ct.ctid} --dev0 /dev/nvidia0" in ct_gpu
+    assert "qm " not in ct_gpu and "hostpci" not in ct_gpu
+    for report in by_id.values():  # every other hint of either kind names no command of the other
+        other = ("pct ", "lxc.", "/etc/pve/lxc") if report["guest"] == "vm" else ("qm ", "hostpci")
+        for code, hint in ((f["code"], f["fix"]["hint"]) for f in report["findings"]):
+            assert not any(word in hint for word in other), (report["guest"], code, hint)
 
 
 def test_a_timeout_kills_the_command_in_the_vm_and_spares_the_agent(lab: Lab, make_vm: MakeVm) -> None:

@@ -28,6 +28,7 @@ from fleetfix.probe.rules.base import (
 )
 from fleetfix.probe.rules.dpkg import DISK_ERROR_MB, DISK_WARNING_MB
 from fleetfix.probe.rules.extensions import QWEN_FAST_PATH_WARNING
+from fleetfix.target import NODE, GuestRef
 
 
 @dataclass(frozen=True)
@@ -100,10 +101,12 @@ def _run(entry: Registered, ctx: Context) -> list[Finding]:
 
 
 def diagnose(
-    facts: Facts, node: NodeFacts | None = None, *, required_extensions: Collection[str] = ()
+    facts: Facts, node: NodeFacts | None = None, *, required_extensions: Collection[str] = (),
+    guest: GuestRef = NODE,
 ) -> list[Finding]:
-    """All findings for one target, root cause first. `required_extensions` (inventory) are expected."""
-    ctx = Context.build(facts, node, required_extensions)
+    """All findings for one target, root cause first. `required_extensions` (inventory) are expected;
+    `guest` is what the target is (a fix's commands differ for a container, a VM, a machine of its own)."""
+    ctx = Context.build(facts, node, required_extensions, guest)
     findings = [f for entry in REGISTRY if not entry.after_fixes for f in _run(entry, ctx)]
     planned = ctx.with_planned_fixes(findings)
     findings += [f for entry in REGISTRY if entry.after_fixes for f in _run(entry, planned)]

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from fleetfix.probe.facts import Facts, NodeFacts, Nvcc, PythonEnv, empty, version_tuple
+from fleetfix.target import NODE, GuestRef
 
 CUDA_TOOLKIT_PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 CUDA_TOOLKIT_PIP_PLAYBOOK = "playbooks/cuda-toolkit-pip.yaml"
@@ -64,7 +65,9 @@ class Finding(BaseModel):
 
 @dataclass(frozen=True)
 class Context:
-    """What a rule sees: the target's facts, the node's, the inventory's expectations, derived values."""
+    """What a rule sees: the target's facts, the node's, the inventory's expectations, derived values, and
+    what the target is (its guest kind and id: a fix names `pct` for a container, `qm` for a VM, no Proxmox
+    command for a machine of its own; rules/guestkind.py has those texts)."""
 
     facts: Facts
     node: NodeFacts | None
@@ -72,13 +75,15 @@ class Context:
     torch_cudas: tuple[str, ...]          # distinct torch CUDA versions among the python envs
     installs_planned: bool = False        # some finding's fix installs packages or builds
     builds_planned: bool = False          # some finding's fix builds an extension
+    guest: GuestRef = NODE                # the target: the node / a plain host, a container, a VM
 
     @classmethod
-    def build(cls, facts: Facts, node: NodeFacts | None, required: Collection[str] = ()) -> Context:
+    def build(cls, facts: Facts, node: NodeFacts | None, required: Collection[str] = (),
+              guest: GuestRef = NODE) -> Context:
         cudas = tuple(dict.fromkeys(
             env.torch.cuda for env in facts.torch_envs if env.torch is not None and env.torch.cuda
         ))
-        return cls(facts, node, frozenset(required), cudas)
+        return cls(facts, node, frozenset(required), cudas, guest=guest)
 
     def with_planned_fixes(self, findings: list[Finding]) -> Context:
         acting = [f for f in findings if f.severity != Severity.INFO and f.fix.playbook]

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 from fleetfix.probe.facts import version_tuple
+from fleetfix.probe.rules import guestkind
 from fleetfix.probe.rules.arch import build_nvcc
 from fleetfix.probe.rules.base import Context, Finding, Severity, finding, major_minor
 from fleetfix.probe.rules.route import toolkit_route
@@ -160,8 +161,7 @@ def build_memory_low(ctx: Context) -> Iterator[Finding]:
         "even MAX_JOBS=1 may be killed by the OOM killer",
         {"mem_available_mb": available, "mem_total_mb": ctx.facts.build.mem_total_mb,
          "mem_per_job_mb": MEM_PER_JOB_MB},
-        hint="give the container more memory for the build (pct set CTID -memory N) or build elsewhere and "
-             "install the wheel",
+        hint=guestkind.memory_hint(ctx.guest),
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from fleetfix.probe.rules import guestkind
 from fleetfix.probe.rules.base import Context, Finding, Severity, finding
 
 # Free space below which installing the toolkit (and building an extension) is refused or risky.
@@ -57,6 +58,5 @@ def disk_low(ctx: Context) -> Iterator[Finding]:
         "DISK_LOW", severity,
         f"only {least} MiB free on {path}: the toolkit install and extension build need {need} MiB",
         {"disk_free_mb": free, "error_below_mb": DISK_ERROR_MB, "warning_below_mb": DISK_WARNING_MB},
-        hint="free space first (`apt-get clean`, old kernels, pip caches) or grow the container's rootfs "
-             "(pct resize CTID rootfs +10G)",
+        hint=guestkind.disk_hint(ctx.guest, path),
     )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from fleetfix.probe.facts import version_tuple
+from fleetfix.probe.rules import guestkind
 from fleetfix.probe.rules.base import Context, Finding, Severity, dotted, finding, major_minor
 from fleetfix.probe.rules.tables import FULL_FEATURE_DRIVER, MIN_DRIVER_BY_MAJOR, needs_open_kernel_module
 
@@ -23,12 +24,11 @@ def driver_libs_mismatch(ctx: Context) -> Iterator[Finding]:
     want = module or "the host's kernel module version"
     yield finding(
         "DRIVER_LIBS_MISMATCH", Severity.ERROR,
-        f"container NVIDIA driver libraries {', '.join(libs) or '(unknown)'} do not match the host kernel "
-        f"module {module or '(see nvidia-smi)'}: CUDA fails with 'Driver/library version mismatch'",
+        f"{guestkind.libraries_owner(ctx.guest)} NVIDIA driver libraries {', '.join(libs) or '(unknown)'} do "
+        f"not match {guestkind.module_owner(ctx.guest)} {module or '(see nvidia-smi)'}: CUDA fails with "
+        "'Driver/library version mismatch'",
         evidence,
-        hint=f"install exactly {want} userspace libraries in the container "
-             f"(NVIDIA-Linux-<arch>-{want}.run --no-kernel-module) or bind-mount the host's; never install "
-             "a driver package from the CUDA repo inside a container",
+        hint=guestkind.driver_libs_hint(ctx.guest, want),
     )
 
 
@@ -47,21 +47,22 @@ def driver_too_old(ctx: Context) -> Iterator[Finding]:
         if minimum and have < minimum:
             yield finding(
                 "DRIVER_TOO_OLD", Severity.ERROR,
-                f"host driver {driver} is older than {dotted(minimum)}, the minimum for any CUDA {mm[0]}.x "
+                f"{guestkind.driver_owner(ctx.guest)} {driver} is older than {dotted(minimum)}, the minimum "
+                f"for any CUDA {mm[0]}.x "
                 f"runtime: torch (CUDA {cuda}) fails with 'CUDA driver version is insufficient'",
                 {**evidence, "minimum_driver": dotted(minimum)},
-                hint=f"upgrade the host (node) driver to >= {full or dotted(minimum)}, or use a torch build "
-                     "for an older CUDA; the container cannot fix this",
+                hint=guestkind.driver_too_old_hint(ctx.guest, full or dotted(minimum)),
             )
         elif full and have < (version_tuple(full) or ()):
             yield finding(
                 "DRIVER_BELOW_FULL_FEATURE", Severity.WARNING,
-                f"host driver {driver} runs CUDA {cuda} only through minor-version compatibility (its own "
+                f"{guestkind.driver_owner(ctx.guest)} {driver} runs CUDA {cuda} only through minor-version "
+                "compatibility (its own "
                 f"driver is {full}): PTX JIT of newer code fails with 'the provided PTX was "
                 "compiled with an unsupported toolchain'",
                 {**evidence, "full_feature_driver": full},
-                hint="build extensions with SASS for the GPU's exact arch (no PTX JIT), or upgrade the host "
-                     f"driver to >= {full}",
+                hint="build extensions with SASS for the GPU's exact arch (no PTX JIT), or "
+                     f"{guestkind.driver_upgrade(ctx.guest, full)}",
             )
 
 
@@ -71,8 +72,7 @@ def gpu_not_visible(ctx: Context) -> Iterator[Finding]:
             "GPU_NOT_VISIBLE", Severity.INFO,
             "torch is a CUDA build but no /dev/nvidia* device is visible in this target",
             {"torch_cuda": list(ctx.torch_cudas), "devices": []},
-            hint="if this target should use a GPU, pass /dev/nvidia* through in the container config "
-                 "(lxc.mount.entry / devN); building extensions does not need a GPU",
+            hint=guestkind.gpu_not_visible_hint(ctx.guest),
         )
 
 
@@ -89,8 +89,7 @@ def gpu_passthrough_partial(ctx: Context) -> Iterator[Finding]:
         f"{', '.join(gpus)} passed through but not {', '.join(missing)}: CUDA cannot initialise "
         "(torch.cuda.is_available() is False) even where nvidia-smi works",
         {"devices": sorted(devices), "missing": missing},
-        hint="add the missing devices to /etc/pve/lxc/<id>.conf (lxc.mount.entry ... create=file, or devN:) "
-             "and allow nvidia-uvm's major, which is dynamic (ls -l /dev/nvidia-uvm on the host)",
+        hint=guestkind.passthrough_partial_hint(ctx.guest),
     )
 
 
@@ -112,8 +111,7 @@ def proprietary_module_on_open_only_gpu(ctx: Context) -> Iterator[Finding]:
         "these GPUs only with the open kernel modules",
         {"kernel_module_flavor": node.kernel_module_flavor, "nvrm_line": node.nvrm_line,
          "compute_caps": sorted(caps), "gpu_names": gpu.names},
-        hint="on the node, install the same driver version's open flavor (from NVIDIA's repo: nvidia-open; "
-             "the .run file: --kernel-module-type=open) and reboot; the container needs no change",
+        hint=guestkind.open_module_hint(ctx.guest),
     )
 
 
@@ -138,7 +136,5 @@ def cuda_unavailable_with_devices(ctx: Context) -> Iterator[Finding]:
             f"although {', '.join(sorted(devices))} are all present: the device nodes cannot be used",
             {"interpreter": env.interpreter, "torch_version": env.torch.version, "torch_cuda": env.torch.cuda,
              "devices": sorted(devices), "nvidia_smi_error": ctx.facts.gpu.smi_error},
-            hint="on the node, compare `ls -l /dev/nvidia*` (majors: 195 for nvidia*, nvidia-uvm's is "
-                 "dynamic) with the container's lxc.cgroup2.devices.allow lines: each major must be allowed "
-                 "(c MAJOR:* rwm); then restart the container",
+            hint=guestkind.cuda_unavailable_hint(ctx.guest),
         )

@@ -164,6 +164,25 @@ def test_qms_own_failures_are_guest_errors(answer: CommandResult, message: str) 
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
+def test_each_agent_failure_carries_its_own_fix() -> None:
+    """No agent configured: enable it on the node and start the VM afresh (the virtio-serial port is added at
+    start), then install the agent inside. Configured but silent: install/start it inside, or enable it and
+    restart where the config says `agent: 0` or was changed while the VM ran."""
+    def error(stderr: str) -> str:
+        with pytest.raises(GuestError) as raised:
+            QmGuestExecTransport(RecordingNode(died(stderr)), 300).execute(["true"])
+        return str(raised.value)
+
+    unconfigured = error("No QEMU guest agent configured")
+    enable = "on the node, qm set 300 --agent enabled=1, then a fresh start of the VM (qm reboot 300)"
+    assert enable in unconfigured
+    assert unconfigured.index("qm reboot 300") < unconfigured.index("apt-get install qemu-guest-agent")
+    silent = error("QEMU guest agent is not running")
+    assert silent.index("in the VM, install the agent") < silent.index("systemctl start qemu-guest-agent")
+    assert "if qm config 300 shows agent: 0" in silent and silent.endswith(
+        "qm set 300 --agent enabled=1 and qm reboot 300 first")
+
+
 def test_another_vms_message_is_not_this_vms() -> None:
     with pytest.raises(GuestError) as raised:
         QmGuestExecTransport(RecordingNode(died("VM 301 is not running")), 300).execute(["true"])
