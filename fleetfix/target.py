@@ -71,7 +71,7 @@ class GuestRef:
     """Which guest of its node a target is: the node itself, or a guest kind with its Proxmox id.
 
     The kind names a driver in `fleetfix.guests` (exec, status, snapshots for that kind); nothing else
-    branches on it.
+    branches on it but the findings' fix texts (`probe/rules/guestkind.py`: `pct`, `qm` or neither).
     """
 
     kind: str = "node"  # a key of fleetfix.guests.GUEST_KINDS: "node", "lxc", "vm"
