@@ -148,15 +148,17 @@ class Lab:
         config: dict[str, str] | None = None,
         template: Path | tuple[Path, ...] | None = None,
         share: tuple[str, ...] = (),
+        real_lxc: bool = False,
     ) -> Container:
         """Create (and by default start) CT ctid on node. setup: a callable(ct) or a sh script run inside
         the running container before it is handed over (a stopped CT is started for it, then stopped).
         template: a root filesystem (tests/lab/template.py) instead of an overlay of this machine's /, or a
         stack of layers over one, top first (tests/lab/realtorch.py's torch layer over the Debian 13 tree).
-        share: host paths the container sees although they are hidden by default (the real-torch venv)."""
+        share: host paths the container sees although they are hidden by default (the real-torch venv).
+        real_lxc: run it with real LXC (the node's `pct exec` is then lxc-attach: tests/lab/lxcreal.py)."""
         state = self.node(node).state
         ct = state.create_container(ctid, hostname=name, tags=tuple(tags), extra_config=config,
-                                    template=template, share=share)
+                                    template=template, share=share, real_lxc=real_lxc)
         try:
             if running or setup is not None:
                 ct.start()
