@@ -210,6 +210,36 @@ class Lab:
             raise
         return machine
 
+    def add_qemu_vm(
+        self,
+        node: str | LabNode | None = None,
+        vmid: int = 300,
+        *,
+        name: str | None = None,
+        forwards: tuple[int, ...] = (),
+        running: bool = True,
+        setup: ContainerSetup | None = None,
+    ) -> VirtualMachine:
+        """A real QEMU VM (tests/lab/qemuvm.py) with Debian's qemu-guest-agent: booted (minutes under TCG on
+        a loaded machine) unless running=False. forwards: ports of this machine's loopback (the bed's apt
+        repository) its guest reaches at qemuvm.GUEST_FORWARD_ADDRESS. setup runs through the agent."""
+        from tests.lab.qemuvm import create_qemu_vm
+
+        machine = create_qemu_vm(self.node(node).state, vmid, name=name, forwards=forwards)
+        try:
+            if running or setup is not None:
+                machine.start()
+            if isinstance(setup, str):
+                machine.sh(setup)
+            elif setup is not None:
+                setup(machine)
+            if not running and machine.running:
+                machine.stop()
+        except BaseException:
+            machine.destroy()
+            raise
+        return machine
+
     # -- talking to nodes with plain OpenSSH ---------------------------------------------------------
     def ssh_argv(self, node: str | LabNode | None, command: str | Sequence[str]) -> list[str]:
         """OpenSSH client argv; a sequence command is shell-quoted once for the remote shell."""
