@@ -10,6 +10,8 @@ leaves it running, with its agent up.
 from __future__ import annotations
 
 import json
+import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -103,3 +105,87 @@ def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing
     assert (rerun["status"], rerun["counts"]["changed"]) == ("ok", 0)
     reprobed = run_cli("probe", *targets, "--json", timeout=600).json()["targets"][0]
     assert not TOOLKIT_CODES & findings(reprobed)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The agent's own limits, as users meet them
+# ----------------------------------------------------------------------------------------------------------
+def guest_exec_calls(lab: Lab, since: int) -> list[list[str]]:
+    return [argv for argv in lab.node().qm_calls()[since:] if argv[:2] == ["guest", "exec"]]
+
+
+def test_qm_returns_a_pid_at_its_timeout_and_exec_status_follows_the_command(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    status, answer, stderr = qm(lab, "guest", "exec", str(VMID), "--timeout", "1", "--",
+                                "sh", "-c", "sleep 3; echo finished")
+    assert (status, stderr, set(answer)) == (0, "timeout reached, returning pid\n", {"pid"})
+    deadline = time.monotonic() + 120
+    while True:
+        status, polled, _ = qm(lab, "guest", "exec-status", str(VMID), str(answer["pid"]))
+        assert status == 0
+        if polled["exited"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert (polled["exited"], polled["exitcode"], polled["out-data"]) == (1, 0, "finished\n")
+
+
+def test_a_command_longer_than_qms_default_wait_completes_through_fleetfix(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    # qm's own wait is 30 s by default; a long build would come back as a bare pid. fleetfix gives qm its
+    # own limit (0: none) so qm keeps polling the agent until the command ends.
+    since = len(lab.node().qm_calls())
+    result = run_cli("exec", *vm_args(lab, VMID), "--json", "--", "sh", "-c", "sleep 32; echo built",
+                     timeout=300)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    [record] = result.json()
+    assert (record["exit_code"], record["stdout"]) == (0, "built\n")
+    [call] = guest_exec_calls(lab, since)
+    assert call[call.index("--timeout") + 1] == "0"
+
+
+def test_an_agent_restart_mid_command_is_a_clear_per_target_error(lab: Lab, real_vm: QemuVM) -> None:
+    # The command restarts the agent under it (as `systemctl restart qemu-guest-agent` would); the new
+    # agent answers, but no longer knows the pid qm is polling.
+    result = run_cli("exec", *vm_args(lab, VMID), "--", "sh", "-c", "kill $(pidof qemu-ga); sleep 2",
+                     timeout=300)
+    assert result.exit_code == 4, result.stdout + result.stderr
+    assert f"VM {VMID} on {lab.node().address}: the QEMU guest agent" in result.stdout
+    assert "result is lost" in result.stdout and "Traceback" not in result.stderr
+    real_vm.wait_for_agent(180)  # Restart=always: the agent is back
+
+
+def test_a_reboot_mid_command_is_a_clear_per_target_error_and_the_vm_comes_back(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    reset = threading.Timer(8.0, lambda: real_vm.qmp("system_reset"))
+    reset.start()
+    started = time.monotonic()
+    try:
+        result = run_cli("exec", *vm_args(lab, VMID), "--", "sh", "-c", "sleep 60; echo never", timeout=300)
+    finally:
+        reset.join()
+    print(f"fleetfix exec ended {time.monotonic() - started:.0f} s after it started (reset at 8 s)")
+    assert result.exit_code == 4, result.stdout + result.stderr
+    assert f"VM {VMID} on {lab.node().address}: the QEMU guest agent" in result.stdout
+    assert "result is lost" in result.stdout and "never" not in result.stdout
+    print(f"agent back after {real_vm.wait_for_agent(300):.0f} s more")
+    status, answer, _ = qm(lab, "guest", "exec", str(VMID), "--", "cat", "/proc/uptime")
+    assert status == 0 and float(answer["out-data"].split()[0]) < 300  # a fresh boot
+
+
+LARGE_OUTPUT_ENV = "FLEETFIX_REAL_VM_LARGE_OUTPUT"
+
+
+@pytest.mark.skipif(os.environ.get(LARGE_OUTPUT_ENV) != "1",
+                    reason=f"~2.5 min of an emulated guest (docs/testbed.md); {LARGE_OUTPUT_ENV}=1 runs it")
+def test_output_above_16_mib_is_an_error_never_short_facts(lab: Lab, real_vm: QemuVM) -> None:
+    # qemu-ga keeps 16 MiB of a stream and flags the rest as truncated; its answer is then ~22 MB of
+    # base64 through virtio-serial, which an emulated guest does not get across within qm's 5 s.
+    result = run_cli("exec", *vm_args(lab, VMID), "--", "head", "-c", "17000000", "/dev/zero", timeout=900)
+    assert result.exit_code != 0, result.stdout[-2000:] + result.stderr[-2000:]
+    cut = "the QEMU guest agent cut the command's stdout at 16 MiB"
+    slow = "the QEMU guest agent did not answer guest-exec-status within qm's 5 s"
+    assert cut in result.stdout + result.stderr or slow in result.stdout, result.stdout + result.stderr
+    real_vm.wait_for_agent(120)
