@@ -136,7 +136,8 @@ def test_vms_that_cannot_take_commands_are_one_line_each_and_the_others_run(
         f"configured (enable it: qm set {no_agent.vmid} --agent enabled=1, and install qemu-guest-agent in "
         "the VM)",
         f"== {node}/{agentless.vmid} unreachable: VM {agentless.vmid} on {node}: the QEMU guest agent is not "
-        "running (install and start qemu-guest-agent in the VM)",
+        "running (install and start qemu-guest-agent in the VM), or it stopped answering while the command "
+        "ran (the VM rebooted or the agent restarted: the command's result is lost)",
         f"== {node}/{stopped.vmid} unreachable: VM {stopped.vmid} on {node} is stopped",
     ]
     assert "Traceback" not in ran.stderr
