@@ -9,6 +9,7 @@ leaves it running, with its agent up.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import threading
@@ -112,6 +113,20 @@ def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing
 # ----------------------------------------------------------------------------------------------------------
 def guest_exec_calls(lab: Lab, since: int) -> list[list[str]]:
     return [argv for argv in lab.node().qm_calls()[since:] if argv[:2] == ["guest", "exec"]]
+
+
+def test_one_mib_of_stdin_reaches_the_agent_and_one_byte_more_is_refused_by_qm(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    data = os.urandom(1024 * 1024)
+    done = lab.ssh(None, ["qm", "guest", "exec", str(VMID), "--pass-stdin", "1", "--", "sha256sum"],
+                   input=data, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["out-data"] == f"{hashlib.sha256(data).hexdigest()}  -\n"
+    refused = lab.ssh(None, ["qm", "guest", "exec", str(VMID), "--pass-stdin", "1", "--", "sha256sum"],
+                      input=data + b"x", timeout=120)
+    assert (refused.returncode, refused.stdout) == (255, b"")
+    assert refused.stderr == b"'input-data' (STDIN) is limited to 1 MiB, aborting\n"
 
 
 def test_qm_returns_a_pid_at_its_timeout_and_exec_status_follows_the_command(

@@ -333,7 +333,8 @@ class QemuVM(VirtualMachine):
         ]
 
     def start(self, timeout: float = BOOT_TIMEOUT) -> int:
-        """Boot the VM and wait until its agent answers; returns QEMU's PID."""
+        """Boot the VM and wait until its agent answers; returns QEMU's PID. (Real `qm start` returns once
+        QEMU runs; the bed waits for the agent so that a test never races the boot.)"""
         if self.running:
             raise ContainerError(f"VM {self.vmid} already running")
         for stale in (self.agent_socket, self.qmp_socket, self.dir / "qemu.pid", self.console_log):
@@ -443,6 +444,12 @@ class QemuVM(VirtualMachine):
         payload = data.encode() if isinstance(data, str) else data
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
         self.exec(["/bin/sh", "-c", script, "sh", path, format(mode, "o")], input=payload, check=True)
+
+    def copy_upper_to(self, destination: Path) -> None:
+        raise QemuError(f"VM {self.vmid}: snapshots of a real test-bed VM are not implemented")
+
+    def restore_upper_from(self, source: Path) -> None:
+        raise QemuError(f"VM {self.vmid}: snapshots of a real test-bed VM are not implemented")
 
     def destroy(self) -> None:
         self.stop()
