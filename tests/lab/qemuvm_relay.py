@@ -39,9 +39,11 @@ def relay(port: int) -> None:
                     while view:
                         view = view[os.write(1, view):]
                 else:
+                    # The server is done: pass its EOF on at once (QEMU closes the guest's connection when
+                    # this end of the chardev closes), so a client reading to EOF never waits on us.
                     selector.unregister(upstream)
+                    os.close(1)
                     open_directions -= 1
-    os.close(1)
 
 
 if __name__ == "__main__":
