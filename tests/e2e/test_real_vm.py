@@ -3,8 +3,8 @@ the node's `qm` talking to that agent as qemu-server does (guest-sync-delimited,
 polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), and meets
 the agent's own limits as a user would.
 
-One VM boots per module (a boot is ~15 s of an idle 2-core machine, minutes of a busy one); each test
-leaves it running, with its agent up.
+One VM boots per module (what a boot and each test cost: docs/testbed.md "Real guests"); each test leaves
+it running, with its agent up.
 """
 
 from __future__ import annotations
@@ -194,7 +194,7 @@ LARGE_OUTPUT_ENV = "FLEETFIX_REAL_VM_LARGE_OUTPUT"
 
 
 @pytest.mark.skipif(os.environ.get(LARGE_OUTPUT_ENV) != "1",
-                    reason=f"~2.5 min of an emulated guest (docs/testbed.md); {LARGE_OUTPUT_ENV}=1 runs it")
+                    reason=f"minutes of an emulated guest (docs/testbed.md); {LARGE_OUTPUT_ENV}=1 runs it")
 def test_output_above_16_mib_is_an_error_never_short_facts(lab: Lab, real_vm: QemuVM) -> None:
     # qemu-ga keeps 16 MiB of a stream and flags the rest as truncated; its answer is then ~22 MB of
     # base64 through virtio-serial, which an emulated guest does not get across within qm's 5 s.

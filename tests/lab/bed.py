@@ -220,8 +220,8 @@ class Lab:
         running: bool = True,
         setup: ContainerSetup | None = None,
     ) -> VirtualMachine:
-        """A real QEMU VM (tests/lab/qemuvm.py) with Debian's qemu-guest-agent: booted (minutes under TCG on
-        a loaded machine) unless running=False. forwards: ports of this machine's loopback (the bed's apt
+        """A real QEMU VM (tests/lab/qemuvm.py) with Debian's qemu-guest-agent: booted (slow under TCG, see
+        docs/testbed.md) unless running=False. forwards: ports of this machine's loopback (the bed's apt
         repository) its guest reaches at qemuvm.GUEST_FORWARD_ADDRESS. setup runs through the agent."""
         from tests.lab.qemuvm import create_qemu_vm
 

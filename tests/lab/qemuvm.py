@@ -43,6 +43,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:  # the test suite imports tests.lab.qemuvm; the qm stand-in puts tests/lab itself on sys.path
     from tests.lab import qga_real
@@ -63,7 +64,7 @@ KERNEL_PACKAGE = "linux-image-cloud-amd64"
 INITRAMFS_MODULES = ("virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci", "virtio_blk")
 GUEST_FORWARD_ADDRESS = "10.0.2.100"
 MARKER = "qemu.json"  # vm/ID/qemu.json: this VM is a real QEMU guest
-BOOT_TIMEOUT = 300.0  # TCG on a loaded 2-core machine: a boot has taken minutes
+BOOT_TIMEOUT = 300.0  # generous: TCG on a busy machine is slow (measurements: docs/testbed.md)
 DISK_SIZE = "3G"
 _SCHEMA = 1  # bump when what goes into the image changes
 
@@ -286,8 +287,8 @@ class QemuVM(VirtualMachine):
         return f"QemuVM({self.node.dir}, {self.ctid})"
 
     @property
-    def settings(self) -> dict[str, object]:
-        loaded: dict[str, object] = json.loads((self.dir / MARKER).read_text())
+    def settings(self) -> dict[str, Any]:
+        loaded: dict[str, Any] = json.loads((self.dir / MARKER).read_text())
         return loaded
 
     @property
@@ -312,7 +313,7 @@ class QemuVM(VirtualMachine):
     def qemu_argv(self) -> list[str]:
         settings = self.settings
         image = Path(str(settings["image"]))
-        forwards = [int(port) for port in settings.get("forwards", [])]  # type: ignore[attr-defined]
+        forwards = [int(port) for port in settings.get("forwards", [])]
         relay = LAB_DIR / "qemuvm_relay.py"
         netdev = "user,id=net0,restrict=on" + "".join(
             f",guestfwd=tcp:{GUEST_FORWARD_ADDRESS}:{port}-cmd:/usr/bin/python3 -I -S {relay} {port}"
