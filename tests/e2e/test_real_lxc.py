@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import in_ci
-from tests.e2e.conftest import host_args, run_cli
+from tests.e2e.conftest import CliResult, host_args, run_cli
 from tests.e2e.scenarios import problem_case
 from tests.lab import lxcreal
 from tests.lab.aptrepo import AptRepo
@@ -37,6 +37,22 @@ steps:
     apply: echo changed > /etc/fleetfix-second && rm -rf /usr/share/doc/dpkg
     verify: echo "verify says no" >&2; exit 1
 """
+
+
+def failed_steps(result: CliResult) -> str:
+    """What an apply's --json says went wrong: each failed step's name, duration and output tails."""
+    try:
+        targets = result.json()["targets"]
+    except ValueError:
+        return result.stdout[-2000:] + result.stderr[-2000:]
+    lines = []
+    for target in targets:
+        for step in target.get("steps", []):
+            if step.get("status") == "failed":
+                lines.append(f"{target['target']}: {step['name']} ({step.get('duration')} s): "
+                             f"{step.get('reason')} | {step.get('stdout', '')[-800:]} | "
+                             f"{step.get('stderr', '')[-800:]}")
+    return "\n".join(lines) or result.stdout[-2000:] + result.stderr[-2000:]
 
 
 @pytest.fixture(autouse=True)
@@ -126,18 +142,18 @@ def test_probe_names_the_chain_and_cuda_toolkit_fixes_it_twice_through_lxc_attac
     mirror = ["--var", f"cuda_repo_base={apt_repo.base_url}"]
     before = tree_digest(first.upper_dir)
     checked = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--check", "--json")
-    assert checked.exit_code == 0, checked.stdout + checked.stderr
+    assert checked.exit_code == 0, failed_steps(checked)
     assert tree_digest(first.upper_dir) == before, "check mode changed the container"
 
     applied = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json")
-    assert applied.exit_code == 0, applied.stdout + applied.stderr
+    assert applied.exit_code == 0, failed_steps(applied)
     assert {t["status"] for t in applied.json()["targets"]} == {"changed"}
     for ct in (first, second):
         nvcc = in_ct(lab, ct, "/usr/local/cuda-12.8/bin/nvcc --version")
         assert b"release 12.8, V12.8.93" in nvcc.stdout, nvcc
 
     again = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json")
-    assert again.exit_code == 0, again.stdout + again.stderr
+    assert again.exit_code == 0, failed_steps(again)
     for target in again.json()["targets"]:
         assert (target["status"], target["counts"]["changed"]) == ("ok", 0), target
     reprobed = run_cli("probe", *targets, "--json").json()["targets"]

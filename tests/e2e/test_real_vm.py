@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import in_ci
-from tests.e2e.conftest import host_args, run_cli
+from tests.e2e.conftest import CliResult, host_args, run_cli
 from tests.e2e.scenarios import problem_case
 from tests.lab import qemuvm
 from tests.lab.aptrepo import AptRepo
@@ -31,6 +31,22 @@ from tests.lab.qemuvm import QemuVM
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
 VMID = 390
+
+
+def failed_steps(result: CliResult) -> str:
+    """What an apply's --json says went wrong: each failed step's name, duration and output tails."""
+    try:
+        targets = result.json()["targets"]
+    except ValueError:
+        return result.stdout[-2000:] + result.stderr[-2000:]
+    lines = []
+    for target in targets:
+        for step in target.get("steps", []):
+            if step.get("status") == "failed":
+                lines.append(f"{target['target']}: {step['name']} ({step.get('duration')} s): "
+                             f"{step.get('reason')} | {step.get('stdout', '')[-800:]} | "
+                             f"{step.get('stderr', '')[-800:]}")
+    return "\n".join(lines) or result.stdout[-2000:] + result.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +109,7 @@ def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing
     mirror = ["--var", f"cuda_repo_base={guest_repo(apt_repo)}"]
     started = time.monotonic()
     applied = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json", timeout=1200)
-    assert applied.exit_code == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+    assert applied.exit_code == 0, failed_steps(applied)
     [target] = applied.json()["targets"]
     assert target["status"] == "changed"
     print(f"cuda-toolkit.yaml on the real VM: {time.monotonic() - started:.0f} s")
@@ -101,7 +117,7 @@ def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing
     assert "release 12.8, V12.8.93" in nvcc
 
     again = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json", timeout=1200)
-    assert again.exit_code == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert again.exit_code == 0, failed_steps(again)
     [rerun] = again.json()["targets"]
     assert (rerun["status"], rerun["counts"]["changed"]) == ("ok", 0)
     reprobed = run_cli("probe", *targets, "--json", timeout=600).json()["targets"][0]
