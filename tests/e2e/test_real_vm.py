@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import in_ci
-from tests.e2e.conftest import CliResult, host_args, run_cli
+from tests.e2e.conftest import host_args, run_cli
 from tests.e2e.scenarios import problem_case
+from tests.e2e.test_real_lxc import failed_steps
 from tests.lab import qemuvm
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
@@ -31,22 +32,6 @@ from tests.lab.qemuvm import QemuVM
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
 VMID = 390
-
-
-def failed_steps(result: CliResult) -> str:
-    """What an apply's --json says went wrong: each failed step's name, duration and output tails."""
-    try:
-        targets = result.json()["targets"]
-    except ValueError:
-        return result.stdout[-2000:] + result.stderr[-2000:]
-    lines = []
-    for target in targets:
-        for step in target.get("steps", []):
-            if step.get("status") == "failed":
-                lines.append(f"{target['target']}: {step['name']} ({step.get('duration')} s): "
-                             f"{step.get('reason')} | {step.get('stdout', '')[-800:]} | "
-                             f"{step.get('stderr', '')[-800:]}")
-    return "\n".join(lines) or result.stdout[-2000:] + result.stderr[-2000:]
 
 
 @pytest.fixture(scope="module")
