@@ -141,15 +141,32 @@ def qm_error(result: CommandResult, vmid: int, node: str) -> GuestError:
         "No QEMU guest agent configured": f"VM {vmid} on {node} has no QEMU guest agent configured: "
         f"{agent_not_configured_fix(vmid)}",
         f"VM {vmid} is not running": f"VM {vmid} on {node} is stopped",
+        # qm pings the agent before every agent command, the status polls included: a VM that reboots, or
+        # an agent that restarts, while the command runs ends qm with this same line (test bed, real
+        # qemu-ga: docs/testbed.md "Real guests").
         "QEMU guest agent is not running": f"VM {vmid} on {node}: the QEMU guest agent is not running: "
-        f"{agent_not_running_fix(vmid)}",
+        f"{agent_not_running_fix(vmid)}; or it stopped answering while the command ran (the VM rebooted or "
+        "the agent restarted: the command's result is lost)",
+        # A restarted agent has an empty table of spawned commands: guest-exec-status of the old pid fails
+        # (qga/commands.c guest_exec_info_find: "Invalid parameter 'pid'").
+        "Agent error: Invalid parameter 'pid'": f"VM {vmid} on {node}: the QEMU guest agent restarted "
+        "while the command ran (the VM rebooted, or qemu-ga was restarted) and no longer knows it: its "
+        "result is lost, and it may still be running",
     }
     missing = re.compile(rf"Configuration file 'nodes/[^/']+/qemu-server/{vmid}\.conf' does not exist")
+    # PVE's mon_cmd: "VM 300 qmp command 'guest-exec-status' failed - got timeout" (5 s per agent command).
+    agent_timeout = re.compile(rf"VM {vmid} qmp command '(guest-[a-z-]+)' failed - got timeout")
     for line in reversed(lines):  # qm's die is its last line; the login shell may have warned before it
         if line in known:
             return GuestError(known[line])
         if missing.fullmatch(line):
             return GuestError(f"VM {vmid} does not exist on {node}")
+        timed_out = agent_timeout.fullmatch(line)
+        if timed_out:
+            command = timed_out.group(1)
+            return GuestError(f"VM {vmid} on {node}: the QEMU guest agent did not answer {command} within "
+                              "qm's 5 s (a VM too busy, or an answer too large to pass in time); the "
+                              "command's result is lost")
     if result.exit_code == 127:
         return GuestError(f"{node}: qm not found (is this a Proxmox VE node?)")
     last = lines[-1] if lines else f"exit {result.exit_code}, no output"

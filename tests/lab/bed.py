@@ -148,15 +148,17 @@ class Lab:
         config: dict[str, str] | None = None,
         template: Path | tuple[Path, ...] | None = None,
         share: tuple[str, ...] = (),
+        real_lxc: bool = False,
     ) -> Container:
         """Create (and by default start) CT ctid on node. setup: a callable(ct) or a sh script run inside
         the running container before it is handed over (a stopped CT is started for it, then stopped).
         template: a root filesystem (tests/lab/template.py) instead of an overlay of this machine's /, or a
         stack of layers over one, top first (tests/lab/realtorch.py's torch layer over the Debian 13 tree).
-        share: host paths the container sees although they are hidden by default (the real-torch venv)."""
+        share: host paths the container sees although they are hidden by default (the real-torch venv).
+        real_lxc: run it with real LXC (the node's `pct exec` is then lxc-attach: tests/lab/lxcreal.py)."""
         state = self.node(node).state
         ct = state.create_container(ctid, hostname=name, tags=tuple(tags), extra_config=config,
-                                    template=template, share=share)
+                                    template=template, share=share, real_lxc=real_lxc)
         try:
             if running or setup is not None:
                 ct.start()
@@ -194,6 +196,36 @@ class Lab:
         state = self.node(node).state
         machine = vmlib.create_vm(state, vmid, name=name, tags=tuple(tags), agent=agent,
                                   agent_installed=agent_installed, extra_config=config)
+        try:
+            if running or setup is not None:
+                machine.start()
+            if isinstance(setup, str):
+                machine.sh(setup)
+            elif setup is not None:
+                setup(machine)
+            if not running and machine.running:
+                machine.stop()
+        except BaseException:
+            machine.destroy()
+            raise
+        return machine
+
+    def add_qemu_vm(
+        self,
+        node: str | LabNode | None = None,
+        vmid: int = 300,
+        *,
+        name: str | None = None,
+        forwards: tuple[int, ...] = (),
+        running: bool = True,
+        setup: ContainerSetup | None = None,
+    ) -> VirtualMachine:
+        """A real QEMU VM (tests/lab/qemuvm.py) with Debian's qemu-guest-agent: booted (slow under TCG, see
+        docs/testbed.md) unless running=False. forwards: ports of this machine's loopback (the bed's apt
+        repository) its guest reaches at qemuvm.GUEST_FORWARD_ADDRESS. setup runs through the agent."""
+        from tests.lab.qemuvm import create_qemu_vm
+
+        machine = create_qemu_vm(self.node(node).state, vmid, name=name, forwards=forwards)
         try:
             if running or setup is not None:
                 machine.start()

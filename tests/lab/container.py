@@ -41,6 +41,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+if __package__:  # imported by the test suite
+    from tests.lab import lxcreal
+else:  # run by the `pct` stand-in from tests/lab
+    import lxcreal  # type: ignore[no-redef]
+
 # Set (by the node's `pct` wrapper) to the node's state directory.
 NODE_DIR_ENV = "FLEETFIX_LAB_NODE_DIR"
 NSENTER = "/usr/bin/nsenter"
@@ -303,6 +308,8 @@ class Container:
         """Start the container; returns PID 1's host PID. Raises ContainerError when already running."""
         if self.running:
             raise ContainerError(f"CT {self.ctid} already running")
+        if self.real_lxc:
+            return self._start_real_lxc(timeout)
         # A fresh workdir each start: overlay wants it empty-ish and it is scratch space only.
         shutil.rmtree(self.work_dir, ignore_errors=True)
         self.work_dir.mkdir(parents=True)
@@ -350,6 +357,24 @@ class Container:
         _atomic_write(self._run_file, json.dumps(state))
         return pid1
 
+    @property
+    def real_lxc(self) -> bool:
+        """Run by LXC (lxc-start, lxc-attach: tests/lab/lxcreal.py) rather than by the namespace stand-in."""
+        return lxcreal.is_real(self.node.dir, self.ctid)
+
+    def _start_real_lxc(self, timeout: float) -> int:
+        try:
+            pid1 = lxcreal.start(self.node.dir, self.ctid, timeout)
+        except lxcreal.LxcError as error:
+            raise ContainerError(f"CT {self.ctid} failed to start: {error}") from error
+        info = _proc_stat(pid1)
+        if info is None:
+            raise ContainerError(f"CT {self.ctid} exited right after starting")
+        # The init is its own "launcher": LXC's monitor, not this process, owns the container.
+        state = {"pid1": pid1, "pid1_start": info[1], "launcher": pid1, "launcher_start": info[1]}
+        _atomic_write(self._run_file, json.dumps(state))
+        return pid1
+
     def _launch(self, argv: list[str], log_path: Path, timeout: float) -> tuple[int, int] | None:
         """Run the init detached (own session, not our child); return (pid1, launcher pid) or None."""
         read_fd, write_fd = os.pipe()
@@ -391,6 +416,13 @@ class Container:
 
     def stop(self, timeout: float = 10.0) -> None:
         """Hard stop (like `pct stop`): kill PID 1; the kernel kills the rest and drops the mounts."""
+        if self.real_lxc:
+            try:
+                lxcreal.stop(self.node.dir, self.ctid, timeout)
+            except lxcreal.LxcError as error:
+                raise ContainerError(f"CT {self.ctid}: {error}") from error
+            self._run_file.unlink(missing_ok=True)
+            return
         state = self._run_state()
         if state is None:
             return
@@ -407,6 +439,7 @@ class Container:
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+        shutil.rmtree(Path(lxcreal.config_path(self.node.dir, self.ctid)).parent, ignore_errors=True)
         self.conf_path.unlink(missing_ok=True)
 
     # -- running commands ----------------------------------------------------------------------------
@@ -560,10 +593,12 @@ class NodeState:
         extra_config: dict[str, str] | None = None,
         template: Path | tuple[Path, ...] | None = None,
         share: tuple[str, ...] = (),
+        real_lxc: bool = False,
     ) -> Container:
         """A stopped container; `template` is a root filesystem to use instead of this machine's / (or a
         stack of layers over one, top first); `share` names host paths normally hidden (the real-torch
-        venv) that this container sees."""
+        venv) that this container sees; `real_lxc` makes it a real LXC container (tests/lab/lxcreal.py) over
+        the same layers."""
         ct = Container(self, ctid)
         owner = self.id_owner(ctid)
         if owner is not None:
@@ -598,6 +633,10 @@ class NodeState:
         if tags:
             main["tags"] = ";".join(tags)
         main.update(extra_config or {})
+        if real_lxc:
+            lxcreal.install_init(str(ct.upper_dir))
+            lxcreal.write_config(self.dir, ctid, lxcreal.render_config(
+                ctid, hostname, ":".join(str(layer) for layer in ct.lower_layers), str(ct.upper_dir)))
         ct.save_config(CtConfig(main, {}))
         return ct
 

@@ -20,6 +20,12 @@ import stat
 import sys
 import time
 
+if __package__:  # imported by the test suite
+    from tests.lab import lxcreal
+else:  # run by the node's `pct` wrapper (python3 -I: the script's own dir is not on sys.path)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import lxcreal  # type: ignore[no-redef]
+
 EXIT_DIE = 255  # what a Perl `die` in PVE's CLI handler exits with
 NODE_DIR_ENV = "FLEETFIX_LAB_NODE_DIR"  # container.NODE_DIR_ENV, set by the node's `pct` wrapper
 NSENTER = "/usr/bin/nsenter"
@@ -149,10 +155,18 @@ def cmd_exec(node_dir: str, args: list[str]) -> int:
         raise PctDie(f"container '{vmid}' not running!")
     if not command:
         raise PctDie("missing command")
-    # `--wd` bare: the target's cwd, inside the chroot.
-    argv = [NSENTER, f"--target={pid1}", "--mount", "--uts", "--ipc", "--pid", "--root", "--wd", "--"]
-    argv += command
-    env = exec_environment(bool_option(options.get("keep-env"), default=True))
+    keep_env = bool_option(options.get("keep-env"), default=True)
+    if lxcreal.is_real(node_dir, vmid):
+        # Real pct: clean_environment(), then exec lxc-attach, which keeps or clears the environment
+        # itself and adds container=lxc.
+        argv = lxcreal.attach_argv(node_dir, vmid, keep_env, command)
+        env = exec_environment(True)
+        env.pop("container")
+    else:
+        # `--wd` bare: the target's cwd, inside the chroot.
+        argv = [NSENTER, f"--target={pid1}", "--mount", "--uts", "--ipc", "--pid", "--root", "--wd", "--"]
+        argv += command
+        env = exec_environment(keep_env)
     if os.environ.get(PLAIN_EXEC_ENV) == "1" or os.isatty(0):
         restore_default_signals()
         os.execve(argv[0], argv, env)

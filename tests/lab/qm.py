@@ -20,10 +20,12 @@ It follows qemu-server's `src/PVE/CLI/qm.pm`, `PVE/QemuServer/Agent.pm` and `PVE
 Errors are PVE's one-line messages on stderr with exit status 255 (a Perl `die`). Every invocation is
 appended to <node dir>/qm.log (one JSON argv per line).
 
-One deliberate difference: real qm sleeps 1 s between status polls, so every `qm guest exec` of a command
-that does not end at once takes a second or more; the stand-in polls every 20 ms, or the test bed's runs
-would spend most of their time asleep. The answers are the same. Snapshots of a running VM do not freeze
-its file systems through the agent, as PVE does when the agent runs.
+A real QEMU VM (tests/lab/qemuvm.py: vm/ID/qemu.json) gets qemu-server's own conversation with a real
+qemu-ga (qga_real.py): one connection per agent command, guest-sync-delimited first, guest-ping with 3 s,
+guest-exec and guest-exec-status with QMPClient's default 5 s, and a 1 s sleep between status polls, as
+qm.pm `exec` does. For the agent stand-in (qga.py) one deliberate difference: the stand-in polls every
+20 ms, or the test bed's runs would spend most of their time asleep. The answers are the same. Snapshots
+of a running VM do not freeze its file systems through the agent, as PVE does when the agent runs.
 """
 
 from __future__ import annotations
@@ -38,11 +40,13 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pct_exec
+import qga_real
 from pct_exec import EXIT_DIE, NODE_DIR_ENV, PctDie, bool_option, check_vmid, missing_config, parse_options
 from qga_client import AgentUnavailable, agent_enabled, ping, request
 
 STDIN_LIMIT = 1024 * 1024  # qm.pm: "'input-data' (STDIN) is limited to 1 MiB, aborting"
 POLL_SECONDS = 0.02  # real qm: sleep 1 (see the module docstring)
+REAL_POLL_SECONDS = 1.0  # qm.pm `exec`: `sleep 1` between qemu_exec_status calls
 DEFAULT_TIMEOUT = 30
 
 
@@ -72,13 +76,19 @@ def _socket(node_dir: str, vmid: int) -> str:
     return os.path.join(node_dir, "vm", str(vmid), "qga.sock")
 
 
+def _is_real_vm(node_dir: str, vmid: int) -> bool:
+    """A QEMU guest with a real qemu-ga (qemuvm.py's marker), not the namespace stand-in."""
+    return os.path.isfile(os.path.join(node_dir, "vm", str(vmid), "qemu.json"))
+
+
 def _assert_agent_available(node_dir: str, vmid: int, config: dict[str, str]) -> None:
     """PVE::QemuServer::Agent::assert_agent_available, in its order."""
     if "agent" not in config:  # `defined`, not enabled: `agent: 0` passes here and fails the ping
         raise PctDie("No QEMU guest agent configured")
     if pct_exec.running_pid1(node_dir, vmid, "vm") is None:
         raise PctDie(f"VM {vmid} is not running")
-    if not (agent_enabled(config["agent"]) and ping(_socket(node_dir, vmid))):
+    alive = qga_real.ping if _is_real_vm(node_dir, vmid) else ping
+    if not (agent_enabled(config["agent"]) and alive(_socket(node_dir, vmid))):
         raise PctDie("QEMU guest agent is not running")
 
 
@@ -87,8 +97,12 @@ def _agent_cmd(node_dir: str, vmid: int, config: dict[str, str], name: str, argu
     """PVE's agent_cmd: the availability checks, the command, `Agent error: DESC` on its error."""
     _assert_agent_available(node_dir, vmid, config)
     try:
-        answer = request(_socket(node_dir, vmid), {"execute": name, "arguments": arguments})
-    except AgentUnavailable as error:
+        if _is_real_vm(node_dir, vmid):
+            answer = qga_real.command(_socket(node_dir, vmid), name, arguments)
+        else:
+            answer = request(_socket(node_dir, vmid), {"execute": name, "arguments": arguments})
+    except (AgentUnavailable, qga_real.AgentError) as error:
+        # PVE::QemuServer::Monitor::mon_cmd: die "VM $vmid qmp command '$cmd' failed - $err"
         raise PctDie(f"VM {vmid} qmp command '{name}' failed - {error}") from None
     error = answer.get("error")
     if isinstance(error, dict):
@@ -157,13 +171,14 @@ def cmd_guest_exec(node_dir: str, args: list[str]) -> int:
     if sync:
         pid = result["pid"]
         assert isinstance(pid, int)
+        poll = REAL_POLL_SECONDS if _is_real_vm(node_dir, vmid) else POLL_SECONDS
         started = int(time.time())
         while timeout == 0 or int(time.time()) - started < timeout:
             status = _exec_status(node_dir, vmid, config, pid)
             if status.get("exited"):
                 result = status
                 break
-            time.sleep(POLL_SECONDS)
+            time.sleep(poll)
         if not result.get("exited"):
             sys.stderr.write("timeout reached, returning pid\n")
             sys.stderr.flush()

@@ -44,6 +44,10 @@ class TemplateSpec:
 TEMPLATES: dict[str, TemplateSpec] = {
     # gcc/g++/make: what a CUDA extension build needs besides nvcc; trixie's gcc is 14.
     "trixie": TemplateSpec("trixie", "13", ("python3", "gcc", "g++", "make")),
+    # The disk of a real QEMU VM (tests/lab/qemuvm.py): Debian 12 like this machine, so the VM meets the
+    # same repository tree as the containers; its own guest agent, kmod to load the cloud kernel's
+    # virtio modules, iproute2 for its one network interface.
+    "bookworm-vm": TemplateSpec("bookworm", "12", ("python3", "qemu-guest-agent", "kmod", "iproute2")),
 }
 # Left out of the cached template: documentation, translations, and apt's downloads/indexes.
 _PRUNE = ("usr/share/doc", "usr/share/man", "usr/share/info", "usr/share/locale", "var/cache/apt/archives",

@@ -148,11 +148,18 @@ def vmids(node: NodeState) -> list[int]:
 
 
 def vm(node: NodeState, vmid: int) -> VirtualMachine:
+    """The node's VM vmid: a real QEMU guest (tests/lab/qemuvm.py) when it was made one, else the stand-in."""
+    if (node.dir / "vm" / str(vmid) / "qemu.json").is_file():
+        try:  # imported here: qemuvm imports this module
+            from tests.lab.qemuvm import QemuVM
+        except ImportError:
+            from qemuvm import QemuVM  # type: ignore[no-redef]
+        return QemuVM(node, vmid)
     return VirtualMachine(node, vmid)
 
 
 def vms(node: NodeState) -> list[VirtualMachine]:
-    return [VirtualMachine(node, vmid) for vmid in vmids(node)]
+    return [vm(node, vmid) for vmid in vmids(node)]
 
 
 def create_vm(

@@ -1,0 +1,207 @@
+"""A real QEMU VM (tests/lab/qemuvm.py): Debian's cloud kernel under TCG, Debian's qemu-guest-agent, and
+the node's `qm` talking to that agent as qemu-server does (guest-sync-delimited, 5 s per command, 1 s
+polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), and meets
+the agent's own limits as a user would.
+
+One VM boots per module (what a boot and each test cost: docs/testbed.md "Real guests"); each test leaves
+it running, with its agent up.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import in_ci
+from tests.e2e.conftest import host_args, run_cli
+from tests.e2e.scenarios import problem_case
+from tests.e2e.test_real_lxc import failed_steps
+from tests.lab import qemuvm
+from tests.lab.aptrepo import AptRepo
+from tests.lab.bed import Lab
+from tests.lab.qemuvm import QemuVM
+
+PLAYBOOK = "playbooks/cuda-toolkit.yaml"
+TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
+VMID = 390
+
+
+@pytest.fixture(scope="module")
+def real_vm(lab: Lab, apt_repo: AptRepo) -> Iterator[QemuVM]:
+    problem = qemuvm.unavailable_reason()
+    if problem is not None:
+        if in_ci():
+            pytest.fail(f"CI=true and real QEMU VMs cannot run: {problem}", pytrace=False)
+        pytest.skip(problem)
+    machine = lab.add_qemu_vm(None, VMID, name="gpu-vm", forwards=(apt_repo.port,), setup=problem_case)
+    assert isinstance(machine, QemuVM)
+    try:
+        yield machine
+    finally:
+        machine.destroy()
+
+
+def vm_args(lab: Lab, vmid: int) -> list[str]:
+    return [*host_args(lab), "--vm", str(vmid)]
+
+
+def guest_repo(apt_repo: AptRepo) -> str:
+    """The repository's URL as the VM reaches it: through the guestfwd relay, not 127.0.0.1."""
+    return apt_repo.base_url.replace(f"{apt_repo.host}:", f"{qemuvm.GUEST_FORWARD_ADDRESS}:", 1)
+
+
+def qm(lab: Lab, *args: str, timeout: float = 120) -> tuple[int, Any, str]:
+    """`qm ARGS` on the node: (exit status, the JSON it printed or None, stderr)."""
+    done = lab.ssh(None, ["qm", *args], timeout=timeout)
+    out = done.stdout.decode()
+    return done.returncode, (json.loads(out) if out.strip() else None), done.stderr.decode()
+
+
+def findings(report: dict[str, Any]) -> set[str]:
+    return {finding["code"] for finding in report["findings"]}
+
+
+def test_qm_guest_exec_reaches_the_real_agent_in_a_real_kernel(lab: Lab, real_vm: QemuVM) -> None:
+    status, answer, _ = qm(lab, "guest", "exec", str(VMID), "--", "cat", "/proc/version")
+    assert status == 0 and answer["exited"] == 1 and answer["exitcode"] == 0
+    # The guest's own kernel (Debian's cloud kernel), not this machine's.
+    assert "cloud-amd64" in answer["out-data"]
+    assert answer["out-data"] != Path("/proc/version").read_text()
+    status, answer, _ = qm(lab, "guest", "exec", str(VMID), "--", "sh", "-c", "echo err >&2; exit 3")
+    assert (answer["exitcode"], answer["err-data"], answer["exited"]) == (3, "err\n", 1)
+
+
+def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing(
+    lab: Lab, real_vm: QemuVM, apt_repo: AptRepo, tmp_path: Path,
+) -> None:
+    targets = vm_args(lab, VMID)
+    probed = run_cli("probe", *targets, "--json", timeout=600)
+    assert probed.exit_code == 3, probed.stdout + probed.stderr
+    [report] = probed.json()["targets"]
+    assert (report["guest"], report["vmid"], report["status"]) == ("vm", VMID, "ok")
+    assert findings(report) >= TOOLKIT_CODES
+    assert report["facts"]["torch"]["cuda"] == "12.8"
+
+    state = ["--state-dir", str(tmp_path / "state")]
+    mirror = ["--var", f"cuda_repo_base={guest_repo(apt_repo)}"]
+    started = time.monotonic()
+    applied = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json", timeout=1200)
+    assert applied.exit_code == 0, failed_steps(applied)
+    [target] = applied.json()["targets"]
+    assert target["status"] == "changed"
+    print(f"cuda-toolkit.yaml on the real VM: {time.monotonic() - started:.0f} s")
+    nvcc = real_vm.sh("/usr/local/cuda-12.8/bin/nvcc --version", check=False).stdout.decode()
+    assert "release 12.8, V12.8.93" in nvcc
+
+    again = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json", timeout=1200)
+    assert again.exit_code == 0, failed_steps(again)
+    [rerun] = again.json()["targets"]
+    assert (rerun["status"], rerun["counts"]["changed"]) == ("ok", 0)
+    reprobed = run_cli("probe", *targets, "--json", timeout=600).json()["targets"][0]
+    assert not TOOLKIT_CODES & findings(reprobed)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The agent's own limits, as users meet them
+# ----------------------------------------------------------------------------------------------------------
+def guest_exec_calls(lab: Lab, since: int) -> list[list[str]]:
+    return [argv for argv in lab.node().qm_calls()[since:] if argv[:2] == ["guest", "exec"]]
+
+
+def test_one_mib_of_stdin_reaches_the_agent_and_one_byte_more_is_refused_by_qm(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    data = os.urandom(1024 * 1024)
+    done = lab.ssh(None, ["qm", "guest", "exec", str(VMID), "--pass-stdin", "1", "--", "sha256sum"],
+                   input=data, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["out-data"] == f"{hashlib.sha256(data).hexdigest()}  -\n"
+    refused = lab.ssh(None, ["qm", "guest", "exec", str(VMID), "--pass-stdin", "1", "--", "sha256sum"],
+                      input=data + b"x", timeout=120)
+    assert (refused.returncode, refused.stdout) == (255, b"")
+    assert refused.stderr == b"'input-data' (STDIN) is limited to 1 MiB, aborting\n"
+
+
+def test_qm_returns_a_pid_at_its_timeout_and_exec_status_follows_the_command(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    status, answer, stderr = qm(lab, "guest", "exec", str(VMID), "--timeout", "1", "--",
+                                "sh", "-c", "sleep 3; echo finished")
+    assert (status, stderr, set(answer)) == (0, "timeout reached, returning pid\n", {"pid"})
+    deadline = time.monotonic() + 120
+    while True:
+        status, polled, _ = qm(lab, "guest", "exec-status", str(VMID), str(answer["pid"]))
+        assert status == 0
+        if polled["exited"] or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert (polled["exited"], polled["exitcode"], polled["out-data"]) == (1, 0, "finished\n")
+
+
+def test_a_command_longer_than_qms_default_wait_completes_through_fleetfix(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    # qm's own wait is 30 s by default; a long build would come back as a bare pid. fleetfix gives qm its
+    # own limit (0: none) so qm keeps polling the agent until the command ends.
+    since = len(lab.node().qm_calls())
+    result = run_cli("exec", *vm_args(lab, VMID), "--json", "--", "sh", "-c", "sleep 32; echo built",
+                     timeout=300)
+    assert result.exit_code == 0, result.stdout + result.stderr
+    [record] = result.json()
+    assert (record["exit_code"], record["stdout"]) == (0, "built\n")
+    [call] = guest_exec_calls(lab, since)
+    assert call[call.index("--timeout") + 1] == "0"
+
+
+def test_an_agent_restart_mid_command_is_a_clear_per_target_error(lab: Lab, real_vm: QemuVM) -> None:
+    # The command restarts the agent under it (as `systemctl restart qemu-guest-agent` would); the new
+    # agent answers, but no longer knows the pid qm is polling.
+    result = run_cli("exec", *vm_args(lab, VMID), "--", "sh", "-c", "kill $(pidof qemu-ga); sleep 2",
+                     timeout=300)
+    assert result.exit_code == 4, result.stdout + result.stderr
+    assert f"VM {VMID} on {lab.node().address}: the QEMU guest agent" in result.stdout
+    assert "result is lost" in result.stdout and "Traceback" not in result.stderr
+    real_vm.wait_for_agent(180)  # Restart=always: the agent is back
+
+
+def test_a_reboot_mid_command_is_a_clear_per_target_error_and_the_vm_comes_back(
+    lab: Lab, real_vm: QemuVM,
+) -> None:
+    reset = threading.Timer(8.0, lambda: real_vm.qmp("system_reset"))
+    reset.start()
+    started = time.monotonic()
+    try:
+        result = run_cli("exec", *vm_args(lab, VMID), "--", "sh", "-c", "sleep 60; echo never", timeout=300)
+    finally:
+        reset.join()
+    print(f"fleetfix exec ended {time.monotonic() - started:.0f} s after it started (reset at 8 s)")
+    assert result.exit_code == 4, result.stdout + result.stderr
+    assert f"VM {VMID} on {lab.node().address}: the QEMU guest agent" in result.stdout
+    assert "result is lost" in result.stdout and "never" not in result.stdout
+    print(f"agent back after {real_vm.wait_for_agent(300):.0f} s more")
+    status, answer, _ = qm(lab, "guest", "exec", str(VMID), "--", "cat", "/proc/uptime")
+    assert status == 0 and float(answer["out-data"].split()[0]) < 300  # a fresh boot
+
+
+LARGE_OUTPUT_ENV = "FLEETFIX_REAL_VM_LARGE_OUTPUT"
+
+
+@pytest.mark.skipif(os.environ.get(LARGE_OUTPUT_ENV) != "1",
+                    reason=f"minutes of an emulated guest (docs/testbed.md); {LARGE_OUTPUT_ENV}=1 runs it")
+def test_output_above_16_mib_is_an_error_never_short_facts(lab: Lab, real_vm: QemuVM) -> None:
+    # qemu-ga keeps 16 MiB of a stream and flags the rest as truncated; its answer is then ~22 MB of
+    # base64 through virtio-serial, which an emulated guest does not get across within qm's 5 s.
+    result = run_cli("exec", *vm_args(lab, VMID), "--", "head", "-c", "17000000", "/dev/zero", timeout=900)
+    assert result.exit_code != 0, result.stdout[-2000:] + result.stderr[-2000:]
+    cut = "the QEMU guest agent cut the command's stdout at 16 MiB"
+    slow = "the QEMU guest agent did not answer guest-exec-status within qm's 5 s"
+    assert cut in result.stdout + result.stderr or slow in result.stdout, result.stdout + result.stderr
+    real_vm.wait_for_agent(120)
