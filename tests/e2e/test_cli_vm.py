@@ -138,8 +138,9 @@ def test_vms_that_cannot_take_commands_are_one_line_each_and_the_others_run(
     def not_running(vmid: int) -> str:  # installed but not started, not installed, or `agent: 0`
         return (f"== {node}/{vmid} unreachable: VM {vmid} on {node}: the QEMU guest agent is not running: "
                 f"{install}; if qm config {vmid} shows agent: 0, or the agent was enabled after the VM "
-                f"started, qm set {vmid} --agent enabled=1 and qm reboot {vmid} first; or it stopped answering "
-                "while the command ran (the VM rebooted or the agent restarted: the command's result is lost)")
+                f"started, qm set {vmid} --agent enabled=1 and qm reboot {vmid} first; or it stopped "
+                "answering while the command ran (the VM rebooted or the agent restarted: the command's "
+                "result is lost)")
 
     assert lines == [
         f"== {node}/{no_agent.vmid} unreachable: VM {no_agent.vmid} on {node} has no QEMU guest agent "
