@@ -264,6 +264,15 @@ def informative_line(*texts: str) -> str:
     _COMPILER_ERROR, _EXCEPTION and _TOOL_ERRORS; else the last non-empty line. pip's PEP 668 refusal,
     for one, ends in `hint: See PEP 668 for the detailed specification.`, its error is the first line."""
     lines = [line.strip() for text in texts for line in text.splitlines() if line.strip()]
+    found = _error_line(lines)
+    if found is None:
+        return next((last for text in texts if (last := _last_line(text))), "")
+    # A script that caught the error and said it again with its own context (the playbooks' "gave up
+    # after 5s (apt_lock_timeout): dpkg: error: ...") said more: its line wins.
+    return next((line for line in reversed(lines) if found in line), found)
+
+
+def _error_line(lines: list[str]) -> str | None:
     for line in lines:
         if _COMPILER_ERROR.match(line):
             return line
@@ -275,7 +284,7 @@ def informative_line(*texts: str) -> str:
         for line in lines:
             if pattern.match(line):
                 return line
-    return next((last for text in texts if (last := _last_line(text))), "")
+    return None
 
 
 def _why(run: ScriptRun) -> str:

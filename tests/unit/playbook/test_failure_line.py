@@ -81,3 +81,14 @@ def test_without_an_error_line_it_is_the_last_non_empty_line_stderr_first() -> N
     assert informative_line("", "") == ""
     # A line naming an error class without a traceback is no traceback's exception.
     assert informative_line("ValueError: looked like one\nthe end\n") == "the end"
+
+
+def test_a_script_that_says_the_error_again_with_its_context_is_preferred() -> None:
+    """cuda-toolkit.yaml's lock wait ends with its own line quoting dpkg's: that line says more."""
+    dpkg = "dpkg: error: dpkg frontend lock was locked by another process with pid 105"
+    stderr = (f"{dpkg}\nNote: removing the lock file is always wrong\n"
+              f"gave up after 5s (apt_lock_timeout): {dpkg}\n")
+    assert informative_line(stderr) == f"gave up after 5s (apt_lock_timeout): {dpkg}"
+    # The quote must contain the whole error line: a mere mention does not win.
+    located = "E: Unable to locate package x"
+    assert informative_line(f"{located}\nsee E: above\n") == located

@@ -254,8 +254,11 @@ def test_a_release_wheel_whose_bytes_differ_from_its_digest_is_built_instead(tmp
                                                                              test_ca: TestCA) -> None:
     # The API describes the wheel upstream published; the server (a mirror, the object store) sends another
     # of the same size. Refused on the controller before it reaches a target or the cache.
-    published, swapped = served_wheel("upstream"), served_wheel("upStream")
-    assert len(published) == len(swapped) and published != swapped
+    published = served_wheel("upstream")
+    # Another origin of the same length whose wheel also deflates to the same size.
+    swapped = next(wheel for origin in ("upStream", "Upstream", "upstreaM", "UPSTREAM", "uPstream")
+                   if len(wheel := served_wheel(origin)) == len(published))
+    assert published != swapped
     with ReleaseServer({SERVED: swapped, **github_api({SERVED: published})}, tls=test_ca) as server:
         hosts = targets(tmp_path, server.url + RELEASE, "2.8.0+cu128")
         cache = WheelCache(tmp_path / "cache")
