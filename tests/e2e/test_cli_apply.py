@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
-
-import pytest
 
 from tests.e2e.conftest import host_args, run_cli, write_inventory
 from tests.e2e.scenarios import problem_case
@@ -125,24 +121,13 @@ def test_behind_apts_proxy_the_keyring_and_the_index_come_through_it(
         proxy.stop()
 
 
-def _trixie_root() -> Path:
-    from tests.conftest import in_ci
-    from tests.lab.template import ensure_template
-
-    if shutil.which("debootstrap") is None and not os.path.exists("/usr/sbin/debootstrap"):
-        problem = "the Debian 13 template needs debootstrap (apt-get install debootstrap)"
-        if in_ci():
-            pytest.fail(f"CI=true: {problem}", pytrace=False)
-        pytest.skip(problem)
-    return ensure_template("trixie").rootfs
-
 
 def test_a_failed_steps_one_line_reason_is_the_error_not_the_outputs_last_line(
-    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
+    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path, trixie: Path,
 ) -> None:
     """Real pip and apt, failing as they do on a fleet: the reason printed for the failed target is their
     error line, not the output's last line (pip's PEP 668 refusal ends in a `hint:`)."""
-    bookworm, trixie = make_ct(), make_ct(template=_trixie_root())
+    bookworm, trixie_ct = make_ct(), make_ct(template=trixie)
     state = ["--state-dir", str(tmp_path / "state")]
     pip_book = tmp_path / "pip.yaml"
     pip_book.write_text("name: pip\nsteps:\n  - name: install x\n"
@@ -162,7 +147,7 @@ def test_a_failed_steps_one_line_reason_is_the_error_not_the_outputs_last_line(
     apt_book = tmp_path / "apt.yaml"
     apt_book.write_text("name: apt\nsteps:\n  - name: install x\n"
                         "    apply: apt install -y fleetfix-no-such-package\n")
-    apt = run_cli("apply", str(apt_book), *host_args(lab, None, trixie.ctid), *state)
+    apt = run_cli("apply", str(apt_book), *host_args(lab, None, trixie_ct.ctid), *state)
     assert apt.exit_code == 1, apt.stdout + apt.stderr
     # apt 3 (Debian 13) prints a warning about its CLI before its error, and `Error:`, not `E:`.
     assert ": step 'install x': apply failed: exit 100: Error: Unable to locate package " \

@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import in_ci
 from tests.e2e.conftest import CliResult, host_args, run_cli
 from tests.e2e.scenarios import problem_case
+from tests.e2e.test_snapshots import FAILING
 from tests.lab import lxcreal
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
@@ -25,18 +26,6 @@ from tests.lab.container import Container, tree_digest
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
-# Step 1 changes a file; step 2 changes another and then fails its verify: a half-applied container.
-FAILING = """\
-name: half-applied
-steps:
-  - name: write marker
-    check: test -f /etc/fleetfix-marker
-    apply: echo changed > /etc/fleetfix-marker
-  - name: break things
-    check: test -f /etc/fleetfix-second
-    apply: echo changed > /etc/fleetfix-second && rm -rf /usr/share/doc/dpkg
-    verify: echo "verify says no" >&2; exit 1
-"""
 
 
 def failed_steps(result: CliResult) -> str:
