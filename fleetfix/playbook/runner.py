@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -35,6 +35,7 @@ from fleetfix.errors import (
     TransportError,
 )
 from fleetfix.guests.base import Guest
+from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun, RunIn
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
 from fleetfix.playbook.render import (
@@ -683,6 +684,12 @@ def run_playbook(
         add_secrets(secret_values(target.vars))
     if wheels is not None:  # what a wheel's manifest records (its build command) is masked the same way
         wheels = replace(wheels, redact=redact.text)
+    if wheels is not None and not check and guest_for is not None and any(t.wheel_builder for t in targets):
+        # Check mode clones nothing: its wheels steps only verify.
+        wheels = replace(wheels, clones=CloneBuilds(
+            node_transport=lambda spec: guest_for(Target(name=spec.node.name, node=spec.node)).transport(),
+            run_in=_clone_runner(chain, vars, facts_for, guest_for, recorder, wheels),
+            event=recorder.event))
     if on_step is not None:
         show_step = on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
@@ -744,6 +751,44 @@ def run_playbook(
     recorder.event("run-end", status=run.status, aborted=aborted, duration=run.duration,
                    recap={name: {"status": status, **counts} for name, status, counts in run.recap()})
     return run
+
+
+class _Tapped:
+    """The run's recorder, with each `wheel` event's fields also handed to tap."""
+
+    def __init__(self, recorder: Recorder, tap: Callable[[Mapping[str, Any]], None]) -> None:
+        self.recorder, self.tap = recorder, tap
+
+    @property
+    def run_id(self) -> str | None:
+        return self.recorder.run_id
+
+    def event(self, kind: str, /, **fields: Any) -> None:
+        self.recorder.event(kind, **fields)
+        if kind == "wheel":
+            self.tap(fields)
+
+    def add_secrets(self, values: Iterable[str]) -> None:
+        self.recorder.add_secrets(values)
+
+
+def _clone_runner(chain: Sequence[CompiledPlaybook], cli_vars: Mapping[str, Any], facts_for: FactsFor,
+                  guest_for: GuestFor, recorder: Recorder, wheels: WheelOptions) -> RunIn:
+    """How a dedicated builder's clone runs the playbook (playbook/clonebuild.py): probed and planned like
+    any target, all its steps run, its wheels kept as the builder's (never as a target's); it builds with
+    the cache but never asks for a clone itself."""
+
+    def run_in(target: Target, builder: str, tap: Callable[[Mapping[str, Any]], None]) -> CloneRun:
+        transport = guest_for(target).transport()
+        facts = dict(facts_for(target, transport))
+        plan = plan_target(chain, target, facts, cli_vars)
+        tapped = _Tapped(recorder, tap)
+        tapped.event("target-start", target=target.name, facts=facts, vars=mask_vars(plan.plays[-1].vars))
+        run = run_target(plan, transport, check=False, recorder=tapped, guest=lambda: guest_for(target),
+                         wheels=replace(wheels, clones=None, builder=builder))
+        return CloneRun(run.status, run.reason)
+
+    return run_in
 
 
 def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:
