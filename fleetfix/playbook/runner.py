@@ -684,15 +684,15 @@ def run_playbook(
         add_secrets(secret_values(target.vars))
     if wheels is not None:  # what a wheel's manifest records (its build command) is masked the same way
         wheels = replace(wheels, redact=redact.text)
-    if wheels is not None and not check and guest_for is not None and any(t.wheel_builder for t in targets):
-        # Check mode clones nothing: its wheels steps only verify.
-        wheels = replace(wheels, clones=CloneBuilds(
-            node_transport=lambda spec: guest_for(Target(name=spec.node.name, node=spec.node)).transport(),
-            run_in=_clone_runner(chain, vars, facts_for, guest_for, recorder, wheels),
-            event=recorder.event))
     if on_step is not None:
         show_step = on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
+    if wheels is not None and not check and guest_for is not None and any(t.wheel_builder for t in targets):
+        # Check mode clones nothing: its wheels steps only verify.
+        context = _CloneContext(chain, vars, facts_for, guest_for, recorder, on_step)
+        wheels = replace(wheels, clones=CloneBuilds(
+            node_transport=lambda spec: context.guest_for(Target(spec.node.name, spec.node)).transport(),
+            run_in=context.runner(wheels), event=recorder.event))
     recorder.event("run-start", playbook=playbook.name, playbooks=[c.playbook.name for c in chain],
                    path=playbook.path, check=check, vars=mask_vars(vars),
                    targets=[target.name for target in targets], serial=serial, max_fail_pct=max_fail_pct,
@@ -772,23 +772,33 @@ class _Tapped:
         self.recorder.add_secrets(values)
 
 
-def _clone_runner(chain: Sequence[CompiledPlaybook], cli_vars: Mapping[str, Any], facts_for: FactsFor,
-                  guest_for: GuestFor, recorder: Recorder, wheels: WheelOptions) -> RunIn:
-    """How a dedicated builder's clone runs the playbook (playbook/clonebuild.py): probed and planned like
-    any target, all its steps run, its wheels kept as the builder's (never as a target's); it builds with
-    the cache but never asks for a clone itself."""
+@dataclass(frozen=True)
+class _CloneContext:
+    """What a dedicated builder's clone runs the playbook with (playbook/clonebuild.py): the run's own."""
 
-    def run_in(target: Target, builder: str, tap: Callable[[Mapping[str, Any]], None]) -> CloneRun:
-        transport = guest_for(target).transport()
-        facts = dict(facts_for(target, transport))
-        plan = plan_target(chain, target, facts, cli_vars)
-        tapped = _Tapped(recorder, tap)
-        tapped.event("target-start", target=target.name, facts=facts, vars=mask_vars(plan.plays[-1].vars))
-        run = run_target(plan, transport, check=False, recorder=tapped, guest=lambda: guest_for(target),
-                         wheels=replace(wheels, clones=None, builder=builder))
-        return CloneRun(run.status, run.reason)
+    chain: Sequence[CompiledPlaybook]
+    cli_vars: Mapping[str, Any]
+    facts_for: FactsFor
+    guest_for: GuestFor
+    recorder: Recorder
+    on_step: Callable[[Target, StepResult], None] | None
 
-    return run_in
+    def runner(self, wheels: WheelOptions) -> RunIn:
+        """The clone is probed and planned like any target and all its steps run (shown as they end, like
+        the targets'); its wheels are kept as the builder's, never a target's; it never asks for a clone."""
+
+        def run_in(target: Target, builder: str, tap: Callable[[Mapping[str, Any]], None]) -> CloneRun:
+            transport = self.guest_for(target).transport()
+            facts = dict(self.facts_for(target, transport))
+            plan = plan_target(self.chain, target, facts, self.cli_vars)
+            tapped = _Tapped(self.recorder, tap)
+            tapped.event("target-start", target=target.name, facts=facts, vars=mask_vars(plan.plays[-1].vars))
+            run = run_target(plan, transport, check=False, recorder=tapped, on_step=self.on_step,
+                             guest=lambda: self.guest_for(target),
+                             wheels=replace(wheels, clones=None, builder=builder))
+            return CloneRun(run.status, run.reason)
+
+        return run_in
 
 
 def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:

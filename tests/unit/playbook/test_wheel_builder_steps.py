@@ -49,7 +49,7 @@ class PctNode:
 
 def run(tmp_path: Path, targets: list[Target], cache: WheelCache, pct: PctNode, *, check: bool = False,
         recorder: ListRecorder | None = None, clone_facts: dict[str, Any] | None = None,
-        book: str = FACT_BOOK) -> PlaybookRun:
+        book: str = FACT_BOOK, shown: list[str] | None = None) -> PlaybookRun:
     def guest_for(target: Target) -> NodeGuest:
         if target.name == SPEC.node.name:  # the builder's node, where pct runs
             return NodeGuest(target, pct)  # type: ignore[arg-type]
@@ -61,7 +61,9 @@ def run(tmp_path: Path, targets: list[Target], cache: WheelCache, pct: PctNode, 
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in targets})
     return run_playbook(playbook_from(book, tmp_path), targets, fleet_map=fleet.map, facts_for=facts_for,
                         vars={}, check=check, recorder=recorder, guest_for=guest_for,
-                        wheels=WheelOptions(cache))
+                        wheels=WheelOptions(cache),
+                        on_step=lambda target, step: (shown if shown is not None else []).append(
+                            f"{target.name}: {step.name}"))
 
 
 def consumers(tmp_path: Path, *names: str) -> list[Target]:
@@ -69,9 +71,12 @@ def consumers(tmp_path: Path, *names: str) -> list[Target]:
 
 
 def test_a_clone_builds_once_and_both_consumers_install_its_wheel(tmp_path: Path) -> None:
-    pct, recorder = PctNode(taken=[9900]), ListRecorder()
+    pct, recorder, shown = PctNode(taken=[9900]), ListRecorder(), []
     one, two = consumers(tmp_path, "one", "two")
-    result = run(tmp_path, [one, two], WheelCache(tmp_path / "cache"), pct, recorder=recorder)
+    result = run(tmp_path, [one, two], WheelCache(tmp_path / "cache"), pct, recorder=recorder, shown=shown)
+    # The clone's steps are shown as they end, like the targets' (a long build does not look like a hang).
+    assert sorted(shown) == ["fleetfix-build-9901: wheels installed", "one: wheels installed",
+                             "two: wheels installed"]
     assert {target.status for target in result.targets} == {"changed"}
     assert builds(tmp_path) == ["fleetfix-build-9901"]  # the consumers built nothing
     assert pct.calls == [
