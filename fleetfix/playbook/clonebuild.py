@@ -57,6 +57,15 @@ class CloneRun:
 RunIn = Callable[[Target, str, Callable[[Mapping[str, Any]], None]], CloneRun]
 
 
+@dataclass(frozen=True)
+class CloneOutcome:
+    """why: None when the builder's entry for the key should now be in the cache, else why not; left: the
+    clone that could not be destroyed (its id, where, why), or ""."""
+
+    why: str | None
+    left: str = ""
+
+
 class _CloneFailed(Exception):
     pass
 
@@ -86,30 +95,29 @@ class CloneBuilds:
                  event: Callable[..., None]) -> None:
         self.node_transport, self.run_in, self.event = node_transport, run_in, event
         self._rebuilt: set[tuple[str, str]] = set()  # (builder, key digest) rebuilt in this run
-        self.leftovers: list[str] = []  # clones that could not be destroyed, with their ids and why
 
     def build(self, spec: WheelBuilder, key: Mapping[str, str], cache: WheelCache, *,
-              variables: Mapping[str, Any], rebuild: bool = False) -> str | None:
-        """Have a clone of spec build key unless its entry is there: None when the builder's entry for the
-        key should now be in the cache, else why not (for the caller's recap). The clone runs the playbook
-        with variables, the inventory vars of the target that asked (the operator's, like the template)."""
+              variables: Mapping[str, Any], rebuild: bool = False) -> CloneOutcome:
+        """Have a clone of spec build key unless its entry is there (for the caller's recap: whether the
+        entry should now be there, else why not). The clone runs the playbook with variables, the inventory
+        vars of the target that asked (the operator's, like the template)."""
         done = (spec.builder_id, key_digest(key))
         with cache.lock(key, spec.builder_id + "\nclone"):
             there = cache.lookup(key, spec.builder_id).entry is not None
             if there and (not rebuild or done in self._rebuilt):
-                return None
+                return CloneOutcome(None)
             self._rebuilt.add(done)
             return self._clone_and_run(spec, key, variables)
 
     def _clone_and_run(self, spec: WheelBuilder, key: Mapping[str, str], variables: Mapping[str, Any]
-                       ) -> str | None:
+                       ) -> CloneOutcome:
         where = f"template {spec.template} on {spec.node.name}"
         try:
             node = self.node_transport(spec)
             newid = self._clone(node, spec)
         except (_CloneFailed, FleetfixError) as failure:
             self.event("wheel-clone", builder=spec.builder_id, action="clone-failed", reason=str(failure))
-            return f"cloning {where} failed: {failure}"
+            return CloneOutcome(f"cloning {where} failed: {failure}")
         self.event("wheel-clone", builder=spec.builder_id, action="cloned", ctid=newid, key=dict(key))
         built: list[dict[str, str]] = []
         why: str | None = None
@@ -132,10 +140,9 @@ class CloneBuilds:
         if left is not None:
             # The wheel it built is still good (the cache checked it); the clone is the operator's to remove.
             self.event("wheel-clone", builder=spec.builder_id, action="left-behind", ctid=newid, reason=left)
-            self.leftovers.append(f"clone CT {newid} left on {spec.node.name}: {left}")
-        else:
-            self.event("wheel-clone", builder=spec.builder_id, action="destroyed", ctid=newid, reason=why)
-        return why
+            return CloneOutcome(why, f"clone CT {newid} left on {spec.node.name}: {left}")
+        self.event("wheel-clone", builder=spec.builder_id, action="destroyed", ctid=newid, reason=why)
+        return CloneOutcome(why)
 
     def _clone(self, node: Transport, spec: WheelBuilder) -> int:
         """pct clone into the first free id of the spec's range; its new id."""

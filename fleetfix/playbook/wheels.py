@@ -16,6 +16,11 @@ Per item of the step, on one target:
                                     install, verify, and only then stores it with its URL and sha256
                                     ("installed from upstream"); not there, unreachable, or failing the
                                     install or import check → on to the build, nothing cached
+        then, for a target the inventory gives a dedicated builder (`wheels: builder:`, Target.wheel_builder):
+                                 →  a throw-away clone of its template runs the playbook and builds the key
+                                    (playbook/clonebuild.py), stored as `clone:<node>/<template>`; installed
+                                    here only if this target's full key equals the clone's ("installed from
+                                    cache"), else on to the build, the reason in the recap
         otherwise                →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
                                     and store it as this target's, if it is a compiled extension for the
                                     key (a pure-Python wheel stays on its builder)             ("built")
@@ -236,10 +241,9 @@ def _from_clone(spec: WheelBuilder, key: dict[str, str], item_run: _ItemRun, cac
     """Have a clone of the dedicated builder build the key, then install its entry here: the recap line, or
     None (the reason noted) when there is no entry for exactly this target's key, and it builds for itself."""
     assert options.clones is not None
-    leftovers = len(options.clones.leftovers)
-    why = options.clones.build(spec, key, cache, variables=target.vars, rebuild=options.rebuild)
-    left = "; ".join(options.clones.leftovers[leftovers:])
-    item_run.record["dedicated_builder"] = {"builder": spec.builder_id, "refused": why, "left": left}
+    outcome = options.clones.build(spec, key, cache, variables=target.vars, rebuild=options.rebuild)
+    why, left = outcome.why, outcome.left
+    item_run.record["dedicated_builder"] = {"builder": spec.builder_id, "why_not": why, "left": left}
     if why is None:
         installed = item_run.from_entry(cache.lookup(key, spec.builder_id))
         if installed is not None:
