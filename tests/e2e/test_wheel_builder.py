@@ -51,7 +51,7 @@ def test_a_clone_of_the_template_builds_and_two_consumers_install_its_wheel(
     lab: Lab, make_ct: Callable[..., Container], real_torch: RealTorch,  # noqa: F811
     real_repo: AptRepo, tmp_path: Path,  # noqa: F811
 ) -> None:
-    template, *consumers = cts = [make_ct(share=(str(real_torch.venv),)) for _ in range(3)]
+    template, *consumers, later = cts = [make_ct(share=(str(real_torch.venv),)) for _ in range(4)]
     for ct in cts:
         add_tiny_extension_source(ct)
     node = lab.node()
@@ -63,14 +63,16 @@ def test_a_clone_of_the_template_builds_and_two_consumers_install_its_wheel(
     assert lab.ssh(None, ["pct", "stop", str(template.ctid)]).returncode == 0
     assert lab.ssh(None, ["pct", "template", str(template.ctid)]).returncode == 0
 
-    inv = inventory(tmp_path / "consumers.yaml", lab, [(ct, "9.0") for ct in consumers], real_torch.python)
-    document = yaml.safe_load(inv.read_text())
-    document["wheels"] = {"builder": {"node": node.name, "template": template.ctid,
-                                      "first_id": FIRST_CLONE_ID}}
-    inv.write_text(yaml.safe_dump(document))
-    common = ["-i", str(inv), "--state-dir", str(state), "--wheel-cache", str(cache), "--var",
-              f"extensions={TINY}", "--var", "pip_args=--no-index", "--var", "upstream_wheels=false",
-              "--json"]
+    def with_builder(path: Path, targets: list[tuple[Container, str]]) -> list[str]:
+        document = yaml.safe_load(inventory(path, lab, targets, real_torch.python).read_text())
+        document["wheels"] = {"builder": {"node": node.name, "template": template.ctid,
+                                          "first_id": FIRST_CLONE_ID}}
+        path.write_text(yaml.safe_dump(document))
+        return ["-i", str(path), "--state-dir", str(state), "--wheel-cache", str(cache), "--var",
+                f"extensions={TINY}", "--var", "pip_args=--no-index", "--var", "upstream_wheels=false",
+                "--json"]
+
+    common = with_builder(tmp_path / "consumers.yaml", [(ct, "9.0") for ct in consumers])
     builder = f"clone:{node.name}/{template.ctid}"
     try:
         # Check mode clones nothing.
@@ -108,6 +110,20 @@ def test_a_clone_of_the_template_builds_and_two_consumers_install_its_wheel(
         again = run_cli("apply", BUILD, *common, timeout=600)
         assert again.exit_code == 0 and changed(again) == 0, again.stdout[-3000:]
         assert len(clone_calls(lab)) == 1
+
+        # A consumer of another key (its arch list, an inventory var the clone runs with too) gets a clone of
+        # its own, in the id the first one freed; the first two are left as they are.
+        more = run_cli("apply", BUILD, *with_builder(tmp_path / "more.yaml", [
+            *((ct, "9.0") for ct in consumers), (later, "8.0")]), timeout=1800)
+        assert more.exit_code == 0 and changed(more) == 1, more.stdout[-6000:] + more.stderr[-3000:]
+        assert clone_calls(lab)[1][:3] == ["clone", str(template.ctid), str(FIRST_CLONE_ID)]
+        assert node.state.id_owner(FIRST_CLONE_ID) is None
+        later_events = {e["target"]: e for e in events(state, more, "wheel")}
+        assert later_events[f"fleetfix-build-{FIRST_CLONE_ID}"]["key"]["arch_list"] == "8.0"
+        mine = later_events[f"{node.name}/{later.ctid}"]
+        assert (mine["action"], mine["built_on"], mine["key"]["arch_list"]) == (
+            "installed-from-cache", builder, "8.0")
+        assert import_tiny(later, real_torch) == "13000"
     finally:
         for ctid in range(FIRST_CLONE_ID, FIRST_CLONE_ID + 100):
             if node.state.id_owner(ctid) == "CT":
