@@ -98,6 +98,24 @@ NODE = GuestRef()
 
 
 @dataclass(frozen=True)
+class WheelBuilder:
+    """A dedicated wheel builder (inventory `wheels: builder:`): for each cache key a target needs and the
+    cache lacks, the controller clones this CT template on its node, runs the playbook in the clone, keeps
+    its wheels as the builder `clone:<node>/<template>`, and destroys the clone (docs/extensions.md)."""
+
+    node: NodeRef
+    template: int  # the CT template's id on node (`template: 1` in its config)
+    first_id: int = 9900  # clones take the first free id from here ...
+    ids: int = 100  # ... among this many
+    storage: str | None = None  # a full clone onto this storage (`pct clone --full 1 --storage`); else linked
+
+    @property
+    def builder_id(self) -> str:
+        """The cache's builder id of what its clones build (fleetfix.wheelcache)."""
+        return f"clone:{self.node.name}/{self.template}"
+
+
+@dataclass(frozen=True)
 class Target:
     name: str  # unique in a run: "pve1" for a node, "pve1/200" or the guest's name for a CT/VM
     node: NodeRef
@@ -109,3 +127,6 @@ class Target:
     # The targets whose built wheels this one installs from the wheel cache (inventory `wheels: trust:`,
     # docs/security.md); by default none: a target installs only wheels it built itself.
     wheel_builders: frozenset[str] = frozenset()
+    # The dedicated builder whose clones build this target's wheels (inventory `wheels: builder:`); None:
+    # the target builds what no trusted builder has.
+    wheel_builder: WheelBuilder | None = None

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from fleetfix.errors import ConfigError, InventoryError, InventoryNotFoundError
-from fleetfix.inventory.adhoc import adhoc_targets, local_target
+from fleetfix.inventory.adhoc import CTID_MAX, adhoc_targets, local_target
 from fleetfix.inventory.adhoc import resolved_file as _file
 from fleetfix.inventory.model import (
     DEFAULT_PATH,
@@ -36,10 +36,11 @@ from fleetfix.inventory.model import (
     InventoryModel,
     NodeModel,
     ProxmoxModel,
+    WheelBuilderModel,
 )
 from fleetfix.inventory.select import Term, apply_terms, check_unknown_prefixes, parse_pattern, select
 from fleetfix.secrets import FILE_PREFIX
-from fleetfix.target import NODE, Become, GuestRef, NodeRef, SSHSettings, Target
+from fleetfix.target import NODE, Become, GuestRef, NodeRef, SSHSettings, Target, WheelBuilder
 from fleetfix.yamlsource import Loc, Locations, load_yaml, parse_yaml, validate
 
 if TYPE_CHECKING:  # imported where a `proxmox:` source is read: most inventories have none (start-up)
@@ -166,7 +167,49 @@ def _build(
     if model.wheels.trust:
         inventory.targets = _wheel_trust(model, where, inventory.targets, strict=not sources,
                                          warnings=inventory.warnings)
+    if model.wheels.builder is not None:
+        inventory.targets = _wheel_builder(model.wheels.builder, where, inventory.targets, node_refs,
+                                           strict=not sources, warnings=inventory.warnings)
     return inventory
+
+
+def _wheel_builder(builder: WheelBuilderModel, where: Locations, targets: Sequence[Target],
+                   node_refs: Mapping[str, NodeRef], *, strict: bool, warnings: list[str]) -> list[Target]:
+    """Each target `install_on` selects, with the dedicated builder whose clones build its wheels. The node
+    must be one of `nodes:` (the controller runs `pct clone` there over its connection); the template is
+    not a target (a template cannot start, so no playbook runs in it); the clones' ids may not include it."""
+    loc: Loc = ("wheels", "builder")
+    node = node_refs.get(builder.node)
+    if node is None:
+        raise _error(where, (*loc, "node"), f"{builder.node!r} is not a node under 'nodes'")
+    last = builder.first_id + builder.ids - 1
+    if last > CTID_MAX:
+        raise _error(where, (*loc, "ids"), f"first_id + ids - 1 = {last} is over the largest id {CTID_MAX}")
+    if builder.first_id <= builder.template <= last:
+        raise _error(where, (*loc, "first_id"),
+                     f"the clones' ids {builder.first_id}..{last} include the template {builder.template}")
+    for target in targets:
+        if target.node.name == builder.node and target.guest.id == builder.template:
+            raise _error(where, (*loc, "template"),
+                         f"CT {builder.template} on {builder.node} is the target {target.name!r}: a template "
+                         "cannot run playbooks")
+    terms: list[Term] = []
+    for position, entry in enumerate(builder.install_on):
+        entry_loc: Loc = (*loc, "install_on", position)
+        try:
+            parsed = parse_pattern(entry)
+            check_unknown_prefixes(targets, parsed)
+        except ConfigError as exc:
+            raise _error(where, entry_loc, exc.detail) from None
+        if not apply_terms(targets, parsed):
+            error = _error(where, entry_loc, f"{entry!r} matched no targets")
+            if strict:
+                raise error
+            warnings.append(str(error))
+        terms.extend(parsed)
+    spec = WheelBuilder(node, builder.template, builder.first_id, builder.ids, builder.storage)
+    chosen = {target.name for target in apply_terms(targets, terms)}
+    return [replace(target, wheel_builder=spec) if target.name in chosen else target for target in targets]
 
 
 def _wheel_trust(model: InventoryModel, where: Locations, targets: Sequence[Target], *, strict: bool,

@@ -257,11 +257,23 @@ class WheelTrustModel(_Model):
     install_on: list[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
 
 
+class WheelBuilderModel(_Model):
+    """`wheels: builder:`: the CT template the operator trusts to build every key in a throw-away clone."""
+
+    node: Name  # a node under `nodes:`
+    template: CTID
+    first_id: CTID = 9900  # clones take the first free id of first_id .. first_id + ids - 1
+    ids: Annotated[int, Field(ge=1, le=10000)] = 100
+    storage: Name | None = None  # full clones onto this storage; None: linked clones of the template
+    install_on: list[Annotated[str, Field(min_length=1)]] = Field(default=["*"], min_length=1)
+
+
 class WheelsModel(_Model):
     """Who may build for whom in the wheel cache (docs/security.md). No rule: a target installs only the
     wheels it built itself (and upstream's release wheels and the operator's --wheelhouse entries)."""
 
     trust: list[WheelTrustModel] = []
+    builder: WheelBuilderModel | None = None
 
 
 class InventoryModel(_Model):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
@@ -35,6 +35,7 @@ from fleetfix.errors import (
     TransportError,
 )
 from fleetfix.guests.base import Guest
+from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun, RunIn
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
 from fleetfix.playbook.render import (
@@ -695,6 +696,12 @@ def run_playbook(
     if on_step is not None:
         show_step = on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
+    if wheels is not None and not check and guest_for is not None and any(t.wheel_builder for t in targets):
+        # Check mode clones nothing: its wheels steps only verify.
+        context = _CloneContext(chain, vars, facts_for, guest_for, recorder, on_step)
+        wheels = replace(wheels, clones=CloneBuilds(
+            node_transport=lambda spec: context.guest_for(Target(spec.node.name, spec.node)).transport(),
+            run_in=context.runner(wheels), event=recorder.event))
     recorder.event("run-start", playbook=playbook.name, playbooks=[c.playbook.name for c in chain],
                    path=playbook.path, check=check, vars=mask_vars(vars),
                    targets=[target.name for target in targets], serial=serial, max_fail_pct=max_fail_pct,
@@ -753,6 +760,54 @@ def run_playbook(
     recorder.event("run-end", status=run.status, aborted=aborted, duration=run.duration,
                    recap={name: {"status": status, **counts} for name, status, counts in run.recap()})
     return run
+
+
+class _Tapped:
+    """The run's recorder, with each `wheel` event's fields also handed to tap."""
+
+    def __init__(self, recorder: Recorder, tap: Callable[[Mapping[str, Any]], None]) -> None:
+        self.recorder, self.tap = recorder, tap
+
+    @property
+    def run_id(self) -> str | None:
+        return self.recorder.run_id
+
+    def event(self, kind: str, /, **fields: Any) -> None:
+        self.recorder.event(kind, **fields)
+        if kind == "wheel":
+            self.tap(fields)
+
+    def add_secrets(self, values: Iterable[str]) -> None:
+        self.recorder.add_secrets(values)
+
+
+@dataclass(frozen=True)
+class _CloneContext:
+    """What a dedicated builder's clone runs the playbook with (playbook/clonebuild.py): the run's own."""
+
+    chain: Sequence[CompiledPlaybook]
+    cli_vars: Mapping[str, Any]
+    facts_for: FactsFor
+    guest_for: GuestFor
+    recorder: Recorder
+    on_step: Callable[[Target, StepResult], None] | None
+
+    def runner(self, wheels: WheelOptions) -> RunIn:
+        """The clone is probed and planned like any target and all its steps run (shown as they end, like
+        the targets'); its wheels are kept as the builder's, never a target's; it never asks for a clone."""
+
+        def run_in(target: Target, builder: str, tap: Callable[[Mapping[str, Any]], None]) -> CloneRun:
+            transport = self.guest_for(target).transport()
+            facts = dict(self.facts_for(target, transport))
+            plan = plan_target(self.chain, target, facts, self.cli_vars)
+            tapped = _Tapped(self.recorder, tap)
+            tapped.event("target-start", target=target.name, facts=facts, vars=mask_vars(plan.plays[-1].vars))
+            run = run_target(plan, transport, check=False, recorder=tapped, on_step=self.on_step,
+                             guest=lambda: self.guest_for(target),
+                             wheels=replace(wheels, clones=None, builder=builder))
+            return CloneRun(run.status, run.reason)
+
+        return run_in
 
 
 def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:

@@ -16,6 +16,11 @@ Per item of the step, on one target:
                                     install, verify, and only then stores it with its URL and sha256
                                     ("installed from upstream"); not there, unreachable, or failing the
                                     install or import check → on to the build, nothing cached
+        then, for a target the inventory gives a dedicated builder (`wheels: builder:`, Target.wheel_builder):
+                                 →  a throw-away clone of its template runs the playbook and builds the key
+                                    (playbook/clonebuild.py), stored as `clone:<node>/<template>`; installed
+                                    here only if this target's full key equals the clone's ("installed from
+                                    cache"), else on to the build, the reason in the recap
         otherwise                →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
                                     and store it as this target's, if it is a compiled extension for the
                                     key (a pure-Python wheel stays on its builder)             ("built")
@@ -54,9 +59,10 @@ from fleetfix.errors import FleetfixError
 from fleetfix.guests.base import Guest
 from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
 from fleetfix.httpfetch import Fetcher, FetchError
+from fleetfix.playbook.clonebuild import CloneBuilds
 from fleetfix.playbook.render import RenderedItem
 from fleetfix.releasewheels import candidate
-from fleetfix.target import Target
+from fleetfix.target import Target, WheelBuilder
 from fleetfix.transport.base import Transport
 from fleetfix.wheelcache import (
     UPSTREAM,
@@ -89,6 +95,12 @@ class WheelOptions:
     upstream: Fetcher | None = None
     # Masks the run's secrets in what the cache records (the build command); run_playbook sets it.
     redact: Callable[[str], str] = str
+    # The dedicated builders' clones (playbook/clonebuild.py), for targets the inventory gives one; None:
+    # every target builds what it lacks (check mode, or no guest drivers). run_playbook sets it.
+    clones: CloneBuilds | None = None
+    # Whose builds the wheels built here are in the cache: None, the target's; a clone's run sets its
+    # dedicated builder's id (`clone:<node>/<template>`).
+    builder: str | None = None
 
 
 class ScriptResult(Protocol):
@@ -190,8 +202,11 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
             why = f"key incomplete: {', '.join(missing)} unknown" if missing else "no wheel cache"
             event("wheel", **record, action="built-not-cached", reason=why, build_seconds=seconds)
             return f"{name}: built in {seconds:.0f} s, not cached ({why})"
-        own = target_builder(target.name)
+        own = options.builder or target_builder(target.name)
         trusted = [target_builder(other) for other in sorted(target.wheel_builders - {target.name})]
+        dedicated = target.wheel_builder if options.builder is None else None
+        if dedicated is not None:
+            trusted.append(dedicated.builder_id)
         record["trusted_builders"] = [builder_label(builder) for builder in trusted]
         # One lock for everyone who trusts the same builders: a group sharing its builds takes turns, so
         # the first builds and the others find its entry. Nobody waits for a build they would not install.
@@ -214,7 +229,30 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
                     return f"{name}: {got.line}{item_run.note}"
                 record["upstream"] = got
                 item_run.upstream_note = f" (upstream: {got})"
+            if dedicated is not None and options.clones is not None:
+                installed = _from_clone(dedicated, key, item_run, cache, options, target)
+                if installed is not None:
+                    return installed
             return item_run.build_and_store(cache, own, rebuild=options.rebuild)
+
+
+def _from_clone(spec: WheelBuilder, key: dict[str, str], item_run: _ItemRun, cache: WheelCache,
+                options: WheelOptions, target: Target) -> str | None:
+    """Have a clone of the dedicated builder build the key, then install its entry here: the recap line, or
+    None (the reason noted) when there is no entry for exactly this target's key, and it builds for itself."""
+    assert options.clones is not None
+    outcome = options.clones.build(spec, key, cache, variables=target.vars, rebuild=options.rebuild)
+    why, left = outcome.why, outcome.left
+    item_run.record["dedicated_builder"] = {"builder": spec.builder_id, "why_not": why, "left": left}
+    if why is None:
+        installed = item_run.from_entry(cache.lookup(key, spec.builder_id))
+        if installed is not None:
+            return installed + (f" ({left})" if left else "")
+        why = "its entry is not in the cache"
+    item_run.upstream_note += f" (dedicated builder {spec.builder_id}: {why}; built here)"
+    if left:
+        item_run.upstream_note += f" ({left})"
+    return None
 
 
 def _described_key(item: RenderedItem, execute: Execute) -> dict[str, str]:

@@ -266,6 +266,58 @@ def test_push_and_pull_need_a_running_ct(lab: Lab, make_ct: MakeCt, tmp_path: Pa
     assert (refused.returncode, err(refused)) == (255, "can only push files to a running CT\n")
 
 
+
+# --- template, clone, destroy (pve-container API2/LXC.pm: template, clone_vm, destroy_vm) ----------------
+def test_a_template_clones_linked_by_default_and_its_clone_is_destroyed(lab: Lab, make_ct: MakeCt) -> None:
+    template = make_ct(9000, setup="echo from-template > /etc/lab-state")
+    assert pct(lab, "stop", "9000").returncode == 0
+    assert pct(lab, "template", "9000").returncode == 0
+    assert "template: 1" in text(pct(lab, "config", "9000")).splitlines()
+    refused = pct(lab, "start", "9000")
+    assert (refused.returncode, err(refused)) == (255, "you can't start a CT if it's a template\n")
+    storage = pct(lab, "clone", "9000", "9001", "--storage", "local-lvm")
+    assert (storage.returncode, err(storage)) == (255, "parameter 'storage' not allowed for linked clones\n")
+    assert pct(lab, "clone", "9000", "9001", "--hostname", "fleetfix-build-9001").returncode == 0
+    try:
+        config = text(pct(lab, "config", "9001")).splitlines()
+        assert "hostname: fleetfix-build-9001" in config
+        assert not any(line.startswith("template:") for line in config)
+        taken = pct(lab, "clone", "9000", "9001")
+        node_name = lab.node().name
+        assert (taken.returncode, err(taken)) == (255, f"CT 9001 already exists on node '{node_name}'\n")
+        assert pct(lab, "start", "9001").returncode == 0
+        assert text(pct(lab, "exec", "9001", "--", "cat", "/etc/lab-state")) == "from-template\n"
+        assert text(pct(lab, "exec", "9001", "--", "hostname")) == "fleetfix-build-9001\n"
+        pct(lab, "exec", "9001", "--", "sh", "-c", "echo clone-wrote > /etc/lab-state")
+        # The template's tree is untouched by what its clone writes.
+        assert (template.upper_dir / "etc/lab-state").read_text() == "from-template\n"
+        running = pct(lab, "destroy", "9001")
+        expected = "unable to destroy CT 9001 - container is running\n"
+        assert (running.returncode, err(running)) == (255, expected)
+        assert pct(lab, "stop", "9001").returncode == 0
+        assert pct(lab, "destroy", "9001").returncode == 0
+        assert "9001" not in text(pct(lab, "list"))
+        gone = pct(lab, "status", "9001")
+        assert gone.returncode == 255 and "does not exist" in err(gone)
+    finally:
+        lab.node().state.container(9001).destroy()
+
+
+def test_a_plain_ct_clones_full_and_storage_applies(lab: Lab, make_ct: MakeCt) -> None:
+    make_ct(200, setup="echo v1 > /etc/lab-state")
+    running = pct(lab, "clone", "200", "201")
+    assert (running.returncode, err(running)) == (
+        255, "Full clone of a running container is only possible from a snapshot\n")
+    assert pct(lab, "stop", "200").returncode == 0
+    assert pct(lab, "clone", "200", "201", "--storage", "fast").returncode == 0
+    try:
+        clone = lab.node().state.container(201)
+        assert (clone.upper_dir / "etc/lab-state").read_text() == "v1\n"
+        assert text(pct(lab, "config", "201")).count("rootfs: fast:vm-201-disk-0") == 1
+        assert pct(lab, "destroy", "201").returncode == 0
+    finally:
+        lab.node().state.container(201).destroy()
+
 def test_pvesh_lists_containers_as_json(lab: Lab, make_ct: MakeCt) -> None:
     import json
 

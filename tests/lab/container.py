@@ -640,6 +640,37 @@ class NodeState:
         ct.save_config(CtConfig(main, {}))
         return ct
 
+    def clone_container(self, source: Container, newid: int, *, hostname: str | None) -> Container:
+        """A stopped copy of source as CT newid (`pct clone`, pve-container's clone_vm): the source's layers
+        and a copy of its upper dir, for a linked clone too. (Stacking the source's upper dir as one more
+        lower layer would be closer to a linked clone, but overlayfs refuses it with ELOOP when the bottom
+        layer is this machine's /, which holds that upper dir: overlapping layers.) The config is the
+        source's without template/snapshot/lock keys, its rootfs renamed to the new id, hostname replaced
+        if given (pct.py checks which kind of clone pct may make)."""
+        owner = self.id_owner(newid)
+        if owner is not None:
+            # pve-cluster PVE::Cluster::check_vmid_unused, via create_and_lock_config in clone_vm.
+            raise ContainerError(f"{owner} {newid} already exists on node '{self.name}'")
+        clone = Container(self, newid)
+        shutil.rmtree(clone.dir, ignore_errors=True)
+        clone.dir.mkdir(parents=True)
+        source.copy_upper_to(clone.upper_dir)
+        if (source.dir / "lower").is_file():
+            shutil.copy2(source.dir / "lower", clone.dir / "lower")
+        config = source.config()
+        main = {key: value for key, value in config.main.items()
+                if key not in ("template", "lock", "parent", "snaptime", "snapstate", "digest")}
+        if "rootfs" in main:
+            volume, comma, rest = main["rootfs"].partition(",")
+            storage = volume.split(":", 1)[0]
+            main["rootfs"] = f"{storage}:vm-{newid}-disk-0{comma}{rest}"
+        if hostname:
+            main["hostname"] = hostname
+        (clone.upper_dir / "etc").mkdir(exist_ok=True)
+        (clone.upper_dir / "etc/hostname").write_text(f"{main.get('hostname', f'CT{newid}')}\n")
+        clone.save_config(CtConfig(main, {}))
+        return clone
+
     def pct_calls(self) -> list[list[str]]:
         """Every pct invocation so far, as argv lists (without the program name): the JSON lines
         pct_exec.log_invocation appends."""

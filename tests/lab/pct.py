@@ -12,6 +12,11 @@ It follows pve-container's `src/PVE/CLI/pct.pm` (docs/DOMAIN.md 5.2) where fleet
                                                 makes snapshot die: "snapshot feature is not available")
     pct delsnapshot ID NAME [--force 0|1] | push ID SRC DST [--perms P] [--user U] [--group G]
     pct pull ID SRC DST [--perms P] [--user U] [--group G]
+    pct template ID                             `template: 1` in the config; such a CT cannot start
+    pct clone ID NEWID [--hostname H] [--full 0|1] [--storage S] [--description D]
+                                                (a template's clone is linked unless --full 1; any other
+                                                CT's is full: clone_vm in pve-container's API2/LXC.pm)
+    pct destroy ID [--force 0|1] [--purge 0|1]  (a running CT only with --force 1)
 
 Errors are PVE's one-line messages on stderr with exit status 255 (a Perl `die` in the CLI handler), except
 inside push/pull's worker (a missing source, a destination that cannot be created): real pct prints those
@@ -97,6 +102,9 @@ def cmd_start(node: ctlib.NodeState, args: list[str]) -> int:
     ct = _vmid(node, positional[0] if positional else None)
     if ct.running:
         raise PctDie(f"CT {ct.ctid} already running")
+    if ct.config().main.get("template") == "1":
+        # pve-container src/PVE/API2/LXC/Status.pm, vm_start
+        raise PctDie("you can't start a CT if it's a template")
     ct.start()
     return 0
 
@@ -351,6 +359,64 @@ def cmd_pull(node: ctlib.NodeState, args: list[str]) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------------------------------------
+# template / clone / destroy (pve-container src/PVE/API2/LXC.pm: template, clone_vm, destroy_vm; the CLI
+# maps `pct clone` to clone_vm with [vmid, newid] and `pct destroy` to destroy_vm, src/PVE/CLI/pct.pm)
+# ----------------------------------------------------------------------------------------------------------
+def cmd_template(node: ctlib.NodeState, args: list[str]) -> int:
+    _, positional = parse_options(args, {})
+    ct = _vmid(node, positional[0] if positional else None)
+    config = ct.config()
+    if config.snapshots:
+        raise PctDie("unable to create template, because CT contains snapshots")
+    if config.main.get("template") == "1":
+        raise PctDie("you can't convert a template to a template")
+    if ct.running:
+        raise PctDie("you can't convert a CT to template if the CT is running")
+    config.main["template"] = "1"
+    ct.save_config(config)
+    return 0
+
+
+def cmd_clone(node: ctlib.NodeState, args: list[str]) -> int:
+    options, positional = parse_options(
+        args, {"hostname": True, "full": True, "storage": True, "description": True, "pool": True,
+               "snapname": True, "target": True, "bwlimit": True})
+    source = _vmid(node, positional[0] if positional else None)
+    if len(positional) < 2:
+        raise PctDie("400 not enough arguments")
+    newid = check_vmid(positional[1])
+    is_template = source.config().main.get("template") == "1"
+    # clone_vm: `full` defaults to "not a template"; --storage only for a full clone; a running CT only
+    # from a snapshot (not imitated: the stand-in refuses every clone of a running CT that way).
+    full = bool_option(options.get("full"), default=not is_template)
+    if "storage" in options and not full:
+        raise PctDie("parameter 'storage' not allowed for linked clones")
+    if full and source.running:
+        raise PctDie("Full clone of a running container is only possible from a snapshot")
+    clone = node.clone_container(source, newid, hostname=options.get("hostname"))
+    if "storage" in options:
+        config = clone.config()
+        volume, comma, rest = config.main["rootfs"].partition(",")
+        config.main["rootfs"] = f"{options['storage']}:{volume.split(':', 1)[1]}{comma}{rest}"
+        clone.save_config(config)
+    if "description" in options:
+        config = clone.config()
+        config.main["description"] = options["description"]
+        clone.save_config(config)
+    return 0
+
+
+def cmd_destroy(node: ctlib.NodeState, args: list[str]) -> int:
+    options, positional = parse_options(args, {"force": True, "purge": True,
+                                               "destroy-unreferenced-disks": True})
+    ct = _vmid(node, positional[0] if positional else None)
+    if ct.running and not bool_option(options.get("force"), default=False):
+        raise PctDie(f"unable to destroy CT {ct.ctid} - container is running")
+    ct.destroy()
+    return 0
+
+
 COMMANDS = {
     "exec": lambda node, args: pct_exec.cmd_exec(str(node.dir), args),
     "list": cmd_list,
@@ -364,6 +430,9 @@ COMMANDS = {
     "delsnapshot": cmd_delsnapshot,
     "push": cmd_push,
     "pull": cmd_pull,
+    "template": cmd_template,
+    "clone": cmd_clone,
+    "destroy": cmd_destroy,
 }
 
 
