@@ -63,20 +63,24 @@ def pep668_route(env: PythonEnv) -> str:
     """How the build can install into this env (docs/extensions.md, PEP 668): "plain" (pip installs as it
     is: not marked, in a venv, pip configured to break system packages, or an older probe that cannot
     say), "break" (marked, and torch was installed there by pip: the build does the same with
-    --break-system-packages), or "venv" (marked and torch is the distribution's, or pip too old for the
-    flag: build in a venv that sees the system's packages instead)."""
+    --break-system-packages), or "venv" (marked and torch is the distribution's, or no pip or one too old
+    for the flag: build in a venv that sees the system's packages instead)."""
     if not env.externally_managed or env.pip_break_system_packages:
         return "plain"
     pip = version_tuple(env.pip_version)
-    if env.torch_installer == "pip" and (pip is None or pip >= BREAK_SYSTEM_PACKAGES_SINCE):
+    if env.torch_installer == "pip" and pip is not None and pip >= BREAK_SYSTEM_PACKAGES_SINCE:
         return "break"
     return "venv"
 
 
 def _venv_way(env: PythonEnv, names: list[str]) -> str:
-    owner = (f"pip {env.pip_version} has no --break-system-packages (23.0.1+)" if env.torch_installer == "pip"
-             else f"torch there was installed by {env.torch_installer}" if env.torch_installer
-             else "torch there is the distribution's (no INSTALLER)")
+    if env.torch_installer == "pip":
+        owner = (f"pip {env.pip_version} has no --break-system-packages (23.0.1+)" if env.pip_version
+                 else "it has no pip")
+    elif env.torch_installer:
+        owner = f"torch there was installed by {env.torch_installer}"
+    else:
+        owner = "torch there is the distribution's (no INSTALLER)"
     cuda = f" --var cuda_version={_cuda_of(env)}" if _cuda_of(env) else ""
     return (f"{env.interpreter} is externally managed (PEP 668) and {owner}: build in a venv that sees "
             f"the system's packages: {env.interpreter} -m venv --system-site-packages {VENV}, then "

@@ -874,9 +874,10 @@ def test_torch_installed_by_pip_into_a_marked_python_gets_break_system_packages_
     (None, "23.0.1", "torch there is the distribution's (no INSTALLER)"),
     ("conda", "23.0.1", "torch there was installed by conda"),
     ("pip", "22.3.1", "pip 22.3.1 has no --break-system-packages (23.0.1+)"),
+    ("pip", None, "it has no pip"),
 ])
 def test_a_marked_python_whose_torch_pip_may_not_touch_gets_the_venv_route_not_a_failing_playbook(
-        installer: str | None, pip: str, said: str) -> None:
+        installer: str | None, pip: str | None, said: str) -> None:
     facts = edited("problem_case", pep668(managed=True, installer=installer, pip=pip))
     missing = only(diagnose(facts), "EXTENSION_MISSING")
     assert missing.fix.playbook is None and missing.fix.vars == {}
