@@ -846,26 +846,51 @@ def strtobool(value):
             "n": False, "no": False, "f": False, "false": False, "off": False, "0": False}.get(value)
 
 
+def pip_config_values(path):
+    # The break-system-packages value of [global] and [install] in one file, read the way pip's
+    # RawConfigParser reads it (not with configparser: it imports re, which this start-up avoids): a
+    # "[section]" header (what is between "[" and the last "]"), "key = value" or "key: value" split at
+    # the first delimiter, keys case-insensitive, "_" and "-" alike (pip normalises them), whole-line
+    # "#" and ";" comments, an indented line continues the value before it; the last value wins.
+    found = {}
+    section = key = None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, ValueError):
+        return found
+    for raw in lines:
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if raw[:1].isspace() and key is not None:
+            found[section] = (found.get(section) or "") + "\n" + line
+            continue
+        key = None
+        if line.startswith("[") and "]" in line:
+            section = line[1:line.rindex("]")]
+            continue
+        cuts = [at for at in (line.find("="), line.find(":")) if at > 0]
+        if cuts and section in ("global", "install"):
+            name = line[:min(cuts)].strip().lower().replace("_", "-")
+            if name == "break-system-packages":
+                key, found[section] = name, line[min(cuts) + 1:].strip()
+    return found
+
+
 def pip_break_system_packages():
     # Where pip is told to ignore PEP 668 for `pip install` (--break-system-packages without the flag):
     # the env var PIP_BREAK_SYSTEM_PACKAGES, or break-system-packages in a config file's [global] or
-    # [install] section (later files override earlier; [install] over [global]; the env var over both).
-    # The source that decides, when it says true; None when pip would refuse. Read, never run: pip would
-    # take seconds to start. The environment is the probe's own, which is the one fleetfix runs pip in.
+    # [install] section (later files override earlier; [install] over [global]; the env var over both;
+    # an empty value is ignored). The source that decides, when it says true; None when pip would refuse.
+    # Read, never run: pip would take seconds to start. The environment is the probe's own, which is the
+    # one fleetfix runs pip in.
     found = {"global": None, "install": None}
     for path in pip_config_files():
-        if not os.path.isfile(path):
-            continue
-        import configparser
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path, encoding="utf-8")
-        except (configparser.Error, OSError, UnicodeError):
-            continue
-        for section in found:
-            for key in ("break-system-packages", "break_system_packages"):
-                if parser.has_option(section, key) and parser.get(section, key).strip():
-                    found[section] = (parser.get(section, key), path)
+        if os.path.isfile(path):
+            for section, value in pip_config_values(path).items():
+                if value.strip():
+                    found[section] = (value, path)
     env = os.environ.get("PIP_BREAK_SYSTEM_PACKAGES")
     deciding = (env, "PIP_BREAK_SYSTEM_PACKAGES") if env else (found["install"] or found["global"])
     if deciding and strtobool(deciding[0]):

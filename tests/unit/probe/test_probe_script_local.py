@@ -181,7 +181,12 @@ def test_pep668_facts_of_debians_python_agree_with_real_pip(tmp_path: Path) -> N
     for name, text, says in (("global", "[global]\nbreak-system-packages = true\n", True),
                              ("install-no", "[global]\nbreak-system-packages = yes\n"
                                             "[install]\nbreak-system-packages = no\n", False),
-                             ("install", "[install]\nbreak_system_packages = on\n", True)):
+                             ("install", "[install]\nbreak_system_packages = on\n", True),
+                             ("colon", "[global]\n# break-system-packages = false\n; x\n"
+                                       "Break_System_Packages: yes\n", True),
+                             ("empty", "[global]\nbreak-system-packages = true\n"
+                                       "[install]\nbreak-system-packages =\n", True),
+                             ("other", "[freeze]\nbreak-system-packages = true\n", False)):
         conf = tmp_path / f"{name}.conf"
         conf.write_text(text)
         cases.append(({"PIP_CONFIG_FILE": str(conf)}, str(conf) if says else None))
