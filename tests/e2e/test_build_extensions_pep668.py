@@ -10,10 +10,11 @@ torch in the system site, the faithful and cheap way: `pip install --break-syste
 Debian 12 puts torch and every distribution it requires (filelock, sympy, networkx, jinja2, fsspec,
 setuptools>=77, triton, cuda-toolkit's and nvidia's wheels ...) into /usr/local/lib/python3.11/dist-packages,
 each .dist-info with INSTALLER "pip". The real torch 2.14.1 cu130 venv (tests/lab/realtorch.py, built from
-/usr/bin/python3.11 by that same pip 23.0.1) holds exactly those files, installed by pip; they are linked
-into the container's dist-packages instead of copied (~4 GB). What pip would not have put there is left
-out: pip itself (Debian's python3-pip is the one that runs), and wheel, packaging and ninja, which torch
-does not require: the build must install them, and that install is what PEP 668 refuses. A torch the
+/usr/bin/python3.11 with Debian's pip 23.0.1, `pip install torch` plus the build requirements) holds
+those files, installed by pip; they are linked into the container's dist-packages instead of copied
+(5.4 GB). What `pip install torch` would not have put there is left out: pip itself (Debian's
+python3-pip is the one that runs), and wheel, packaging and ninja, which torch does not require: the
+build must install them, and that install is what PEP 668 refuses. A torch the
 distribution installed has no INSTALLER at all (no Debian package on this machine ships one:
 /usr/lib/python3/dist-packages/*.dist-info): that case is the same tree with torch's .dist-info copied
 without it.
