@@ -299,6 +299,14 @@ class PythonEnv(_Model):
     # How the probe's discovery found this env when nothing named it; None: named (inventory, default).
     discovered: Literal["venv", "conda", "process"] | None = None
     hub_kernels: HubKernels | None = None   # None: no transformers (or an older probe)
+    # PEP 668 (docs/extensions.md): pip refuses to install here unless told to break system packages.
+    # None: an older probe (or, for the first, the stdlib directory could not be read).
+    externally_managed: bool | None = None
+    pip_version: str | None = None
+    # The pip config file, or PIP_BREAK_SYSTEM_PACKAGES, that tells pip to ignore the marker; None: none.
+    pip_break_system_packages: str | None = None
+    # The INSTALLER file of torch's .dist-info ("pip", "uv", "conda"); None: none (distro package), no torch.
+    torch_installer: str | None = None
 
 
 class DiscoveredPython(_Model):

@@ -790,6 +790,114 @@ def python_headers():
                for root in dict.fromkeys([sys.prefix, base]))
 
 
+def externally_managed():
+    # PEP 668 (peps.python.org/pep-0668, "Marking an interpreter as using an external package manager"):
+    # pip refuses to install into an interpreter whose stdlib directory holds EXTERNALLY-MANAGED
+    # (Debian 12: /usr/lib/python3.11/EXTERNALLY-MANAGED), unless it runs in a venv (sys.prefix !=
+    # sys.base_prefix). pip 23.0.1's utils/misc.check_externally_managed tests exactly these two.
+    if sys.prefix != getattr(sys, "base_prefix", sys.prefix):
+        return False
+    try:
+        import sysconfig
+        stdlib = sysconfig.get_path("stdlib")
+    except Exception:
+        return None
+    return bool(stdlib) and os.path.isfile(os.path.join(stdlib, "EXTERNALLY-MANAGED"))
+
+
+def installer_of(site_dir, name):
+    # The INSTALLER file of a distribution's .dist-info (PyPA's "Recording installed projects": the tool
+    # that installed it, "pip", "uv", "conda"...); None when there is none (Debian's packages ship none).
+    for item in listdir(site_dir):
+        stem, dot, suffix = item.rpartition(".")
+        if dot and suffix == "dist-info" and canonical(stem.split("-", 1)[0]) == name:
+            try:
+                with open(os.path.join(site_dir, item, "INSTALLER"), encoding="utf-8", errors="replace") as handle:
+                    return handle.readline(64).strip() or None
+            except OSError:
+                return None
+    return None
+
+
+def pip_config_files():
+    # The files pip 23.0.1 reads (its configuration.py and utils/appdirs.py; pip.pypa.io "Configuration"),
+    # lowest priority first: global ($XDG_CONFIG_DIRS or /etc/xdg, then /etc), user (~/.pip, then
+    # $XDG_CONFIG_HOME or ~/.config; skipped when PIP_CONFIG_FILE names an existing file), site
+    # (sys.prefix), then $PIP_CONFIG_FILE. PIP_CONFIG_FILE=/dev/null: no file at all.
+    named = os.environ.get("PIP_CONFIG_FILE")
+    if named == os.devnull:
+        return []
+    dirs = (os.environ.get("XDG_CONFIG_DIRS") or "/etc/xdg").split(os.pathsep)
+    files = [os.path.join(d, "pip", "pip.conf") for d in dirs] + ["/etc/pip.conf"]
+    if not (named and os.path.exists(named)):
+        home = os.path.expanduser("~")
+        config_home = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+        files += [os.path.join(home, ".pip", "pip.conf"), os.path.join(config_home, "pip", "pip.conf")]
+    files.append(os.path.join(sys.prefix, "pip.conf"))
+    if named:
+        files.append(named)
+    return files
+
+
+def strtobool(value):
+    # pip's utils/misc.strtobool, which it applies to a store_true option read from a file or PIP_*.
+    value = value.strip().lower()
+    return {"y": True, "yes": True, "t": True, "true": True, "on": True, "1": True,
+            "n": False, "no": False, "f": False, "false": False, "off": False, "0": False}.get(value)
+
+
+def pip_config_values(path):
+    # The break-system-packages value of [global] and [install] in one file, read the way pip's
+    # RawConfigParser reads it (not with configparser: it imports re, which this start-up avoids): a
+    # "[section]" header (what is between "[" and the last "]"), "key = value" or "key: value" split at
+    # the first delimiter, keys case-insensitive, "_" and "-" alike (pip normalises them), whole-line
+    # "#" and ";" comments, an indented line continues the value before it; the last value wins.
+    found = {}
+    section = key = None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except (OSError, ValueError):
+        return found
+    for raw in lines:
+        line = raw.strip()
+        if not line or line[0] in "#;":
+            continue
+        if raw[:1].isspace() and key is not None:
+            found[section] = (found.get(section) or "") + "\n" + line
+            continue
+        key = None
+        if line.startswith("[") and "]" in line:
+            section = line[1:line.rindex("]")]
+            continue
+        cuts = [at for at in (line.find("="), line.find(":")) if at > 0]
+        if cuts and section in ("global", "install"):
+            name = line[:min(cuts)].strip().lower().replace("_", "-")
+            if name == "break-system-packages":
+                key, found[section] = name, line[min(cuts) + 1:].strip()
+    return found
+
+
+def pip_break_system_packages():
+    # Where pip is told to ignore PEP 668 for `pip install` (--break-system-packages without the flag):
+    # the env var PIP_BREAK_SYSTEM_PACKAGES, or break-system-packages in a config file's [global] or
+    # [install] section (later files override earlier; [install] over [global]; the env var over both;
+    # an empty value is ignored). The source that decides, when it says true; None when pip would refuse.
+    # Read, never run: pip would take seconds to start. The environment is the probe's own, which is the
+    # one fleetfix runs pip in.
+    found = {"global": None, "install": None}
+    for path in pip_config_files():
+        if os.path.isfile(path):
+            for section, value in pip_config_values(path).items():
+                if value.strip():
+                    found[section] = (value, path)
+    env = os.environ.get("PIP_BREAK_SYSTEM_PACKAGES")
+    deciding = (env, "PIP_BREAK_SYSTEM_PACKAGES") if env else (found["install"] or found["global"])
+    if deciding and strtobool(deciding[0]):
+        return deciding[1]
+    return None
+
+
 def conda_nvcc():
     # conda's cuda-nvcc package puts nvcc in the env's own bin/ (a conda env has conda-meta/).
     path = os.path.join(sys.prefix, "bin", "nvcc")
@@ -880,6 +988,10 @@ def main():
         "torch": torch, "extensions": {}, "pip_nvcc": pip_nvccs(), "deep": None, "error": None,
         "python_h": python_headers(), "conda_nvcc": conda_nvcc(), "discovered": DISCOVERED_BY,
         "hub_kernels": hub_kernels() if torch is not None else None,
+        # What pip does when asked to install here (PEP 668): the build-extensions fix decides on these.
+        "externally_managed": externally_managed(), "pip_version": dist_version(("pip",)),
+        "pip_break_system_packages": pip_break_system_packages(),
+        "torch_installer": installer_of(os.path.dirname(torch["path"]), "torch") if torch else None,
     }
     for name, compiled, dists in EXTENSIONS:
         env["extensions"][name] = extension(name, compiled, dists, torch is not None)

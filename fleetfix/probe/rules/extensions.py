@@ -52,12 +52,63 @@ def _cuda_of(env: PythonEnv) -> str | None:
     return env.torch.cuda if env.torch else None
 
 
+# pip 23.0.1 added --break-system-packages (its NEWS: "Implement --break-system-packages to permit
+# installing packages into EXTERNALLY-MANAGED Python installations", #11780); 23.0 enforced PEP 668
+# without it.
+BREAK_SYSTEM_PACKAGES_SINCE = (23, 0, 1)
+VENV = "/opt/torch-venv"
+
+
+def pep668_route(env: PythonEnv) -> str:
+    """How the build can install into this env (docs/extensions.md, PEP 668): "plain" (pip installs as it
+    is: not marked, in a venv, pip configured to break system packages, or an older probe that cannot
+    say), "break" (marked, and torch was installed there by pip: the build does the same with
+    --break-system-packages), or "venv" (marked and torch is the distribution's, or no pip or one too old
+    for the flag: build in a venv that sees the system's packages instead)."""
+    if not env.externally_managed or env.pip_break_system_packages:
+        return "plain"
+    pip = version_tuple(env.pip_version)
+    if env.torch_installer == "pip" and pip is not None and pip >= BREAK_SYSTEM_PACKAGES_SINCE:
+        return "break"
+    return "venv"
+
+
+def _venv_way(env: PythonEnv, names: list[str]) -> str:
+    if env.torch_installer == "pip":
+        owner = (f"pip {env.pip_version} has no --break-system-packages (23.0.1+)" if env.pip_version
+                 else "it has no pip")
+    elif env.torch_installer:
+        owner = f"torch there was installed by {env.torch_installer}"
+    else:
+        owner = "torch there is the distribution's (no INSTALLER)"
+    cuda = f" --var cuda_version={_cuda_of(env)}" if _cuda_of(env) else ""
+    return (f"{env.interpreter} is externally managed (PEP 668) and {owner}: build in a venv that sees "
+            f"the system's packages: {env.interpreter} -m venv --system-site-packages {VENV}, then "
+            f"fleetfix apply {BUILD_EXTENSIONS_PLAYBOOK} --var extensions={','.join(names)} "
+            f"--var python={VENV}/bin/python{cuda} (the extension then imports in {VENV}/bin/python)")
+
+
 def _build_fix(env: PythonEnv, names: list[str]) -> dict[str, Any]:
+    """The build-extensions fix, or none when the playbook would refuse this env (the hint says why and
+    gives the venv route instead): the command a user is handed runs as written."""
+    route = pep668_route(env)
+    if route == "venv":
+        return {}
     cuda = _cuda_of(env)
     variables: dict[str, Any] = {"extensions": names, "python": env.interpreter}
     if cuda:
         variables["cuda_version"] = cuda
+    if route == "break":
+        variables["break_system_packages"] = "true"
     return {"playbook": BUILD_EXTENSIONS_PLAYBOOK, "vars": variables}
+
+
+def _pip_install(env: PythonEnv) -> str:
+    return "pip install --break-system-packages" if pep668_route(env) == "break" else "pip install"
+
+
+def _hint(env: PythonEnv, names: list[str], hint: str) -> str:
+    return _venv_way(env, names) if pep668_route(env) == "venv" else hint
 
 
 def extension_broken(ctx: Context) -> Iterator[Finding]:
@@ -71,16 +122,17 @@ def extension_broken(ctx: Context) -> Iterator[Finding]:
                     f"{name} is installed in {env.interpreter} without its compiled module "
                     f"{ext.compiled_module}: importing it fails at model load instead of falling back",
                     evidence, **_build_fix(env, [name]),
-                    hint=f"rebuild from source: CUDA_HOME={cuda_dir} pip install --no-build-isolation "
-                         f"--force-reinstall --no-cache-dir {name.replace('_', '-')}",
+                    hint=_hint(env, [name], f"rebuild from source: CUDA_HOME={cuda_dir} {_pip_install(env)} "
+                               "--no-build-isolation --force-reinstall --no-cache-dir "
+                               f"{name.replace('_', '-')}"),
                 )
             elif ext.present and ext.importable is False:
                 yield finding(
                     "EXTENSION_IMPORT_FAILED", Severity.ERROR,
                     f"{name} in {env.interpreter} does not import: {ext.error or 'unknown error'}",
                     evidence, **_build_fix(env, [name]),
-                    hint="rebuild it against the installed torch (an 'undefined symbol' means it was built "
-                         "for another torch/ABI)",
+                    hint=_hint(env, [name], "rebuild it against the installed torch (an 'undefined symbol' "
+                               "means it was built for another torch/ABI)"),
                 )
 
 
@@ -112,8 +164,9 @@ def extension_missing(ctx: Context) -> Iterator[Finding]:
                 {"interpreter": env.interpreter, "extension": name, "present": sorted(present),
                  "fallback": fallback},
                 **_build_fix(env, [name]),
-                hint=f"build it: CUDA_HOME=/usr/local/cuda-{_cuda_of(env)} MAX_JOBS=4 pip install "
-                     f"--no-build-isolation {name.replace('_', '-')}, then {check}",
+                hint=_hint(env, [name], f"build it: CUDA_HOME=/usr/local/cuda-{_cuda_of(env)} MAX_JOBS=4 "
+                           f"{_pip_install(env)} --no-build-isolation {name.replace('_', '-')}, "
+                           f"then {check}"),
             )
 
 

@@ -28,12 +28,15 @@ FAKE_PYTHON = """#!/bin/sh
 # `-m pip wheel` records its argv and environment, then writes a wheel for $FAKE_DIST into -w DIR (a copy
 # of $FAKE_WHEEL_FROM, else an empty file);
 # `-m pip install WHEEL` "installs" the modules in $FAKE_PROVIDES; `--dry-run --report F` resolves.
+# The PEP 668 decision (its code reads EXTERNALLY-MANAGED, and `pip config list`) runs in the real
+# interpreter $FAKE_PEP668_PYTHON: this test's own venv (never externally managed), or Debian's python3.
 state={state}
 case "$1" in
   -c)
     code=$2; shift 2
     case "$code" in
       *torch.version.cuda*) echo "$FAKE_TORCH_CUDA" ;;
+      *EXTERNALLY-MANAGED*) exec "$FAKE_PEP668_PYTHON" -c "$code" "$@" ;;
       *sys.prefix*) echo "" ;;
       *import_module*)
         for m in "$@"; do
@@ -45,6 +48,7 @@ case "$1" in
     esac ;;
   -m)
     case "$*" in
+      *"pip config list"*) exec "$FAKE_PEP668_PYTHON" -m pip config list ;;
       *--dry-run*) printf '%s\\n' "$@" > "$state/pip-dry-run-args" ;;
       *" wheel "*)
         printf '%s\\n' "$@" > "$state/pip-args"
@@ -98,6 +102,7 @@ def fake_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("FAKE_PROVIDES", "causal_conv1d_cuda causal_conv1d")
     monkeypatch.setenv("FAKE_DIST", "causal-conv1d")
     monkeypatch.delenv("FAKE_PIP_FAIL", raising=False)
+    monkeypatch.setenv("FAKE_PEP668_PYTHON", sys.executable)
     return python
 
 
@@ -301,7 +306,7 @@ def test_build_sets_cuda_home_jobs_arch_and_switches(facts: dict[str, Any], fake
     run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home),
                     pip_args="--no-index --find-links /srv/wheels")
     assert run.status == "changed", [(s.name, s.status, s.reason, s.stderr) for s in run.steps]
-    assert [s.status for s in run.steps] == ["ok", "ok", "ok", "ok", "ok", "ok", "changed"]
+    assert [s.status for s in run.steps] == ["ok", "ok", "ok", "ok", "ok", "ok", "ok", "changed"]
     state = fake_python.parent.parent / "state"
     env = dict(line.split("=", 1) for line in (state / "pip-env").read_text().splitlines() if "=" in line)
     assert env["CUDA_HOME"] == str(home) and env["PATH"].startswith(f"{home}/bin:{fake_python.parent}:")
@@ -378,6 +383,125 @@ def test_check_mode_builds_nothing(facts: dict[str, Any], fake_python: Path, tmp
     run = run_build(cu130(facts, fake_python), tmp_path, check=True, cuda_home=str(home))
     assert run.status == "would-change" and run.steps[-1].status == "would-change"
     assert not (fake_python.parent.parent / "state" / "pip-args").exists()
+
+
+# ---------------------------------------------------------------- PEP 668: an externally managed python
+
+DEBIAN_PYTHON = "/usr/bin/python3"
+PEP668_STEP = "pip may install into the env"
+
+
+def debian_python_is_marked() -> bool:
+    done = subprocess.run([DEBIAN_PYTHON, "-c", "import os, sys, sysconfig; sys.exit(0 if os.path.isfile("
+                           "os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')) else 1)"],
+                          check=False)
+    return done.returncode == 0
+
+
+needs_marked_python = pytest.mark.skipif(
+    not (os.path.exists(DEBIAN_PYTHON) and debian_python_is_marked()),
+    reason="needs Debian 12+'s system python3, whose stdlib holds EXTERNALLY-MANAGED")
+
+
+def torch_site(root: Path, installer: str | None) -> Path:
+    """A site directory with a torch package and its .dist-info, INSTALLER as given (None: no file, as
+    Debian's own packages have none: /usr/lib/python3/dist-packages/*.dist-info on Debian 12)."""
+    (root / "torch").mkdir(parents=True)
+    (root / "torch" / "__init__.py").write_text("")
+    info = root / "torch-2.14.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.1\n")
+    if installer is not None:
+        (info / "INSTALLER").write_text(installer + "\n")
+    return root
+
+
+def pep668_check(facts: dict[str, Any], tmp_path: Path, installer: str | None, *, python: str = DEBIAN_PYTHON,
+                 env: dict[str, str] | None = None, **cli_vars: Any) -> subprocess.CompletedProcess[str]:
+    """The decision step's check, rendered and run with the real interpreter (it installs nothing)."""
+    planned = plan(BUILD, facts, python=python, **cli_vars)
+    step = next(p for p in planned.plays[0].steps if p.compiled.step.name == PEP668_STEP)
+    assert step.rendered is not None and step.rendered.check is not None
+    site = torch_site(tmp_path / f"site-{installer}", installer)
+    clean = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(site),
+             "PIP_CONFIG_FILE": os.devnull, **(env or {})}
+    return subprocess.run(["/bin/sh", "-s"], input=step.rendered.check, text=True, capture_output=True,
+                          cwd=tmp_path, env=clean, check=False)
+
+
+@needs_marked_python
+def test_torch_installed_by_pip_into_a_marked_python_is_built_with_break_system_packages(
+        facts: dict[str, Any], tmp_path: Path) -> None:
+    done = pep668_check(facts, tmp_path, "pip")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "PIP_INSTALL_FLAGS=--break-system-packages"
+    assert "is externally managed (PEP 668, /usr/lib/python3." in lines[-1]
+    assert lines[-1].endswith("torch was installed there by pip, so this build does the same: "
+                              "--break-system-packages")
+
+
+@needs_marked_python
+@pytest.mark.parametrize(("installer", "choice"), [(None, "auto"), ("conda", "auto"), ("pip", "false")])
+def test_torch_not_installed_by_pip_into_a_marked_python_is_refused_with_the_venv_route(
+        facts: dict[str, Any], tmp_path: Path, installer: str | None, choice: str) -> None:
+    done = pep668_check(facts, tmp_path, installer, break_system_packages=choice)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith(f"EXTERNALLY_MANAGED: {DEBIAN_PYTHON} is externally managed (PEP 668")
+    assert "nothing was changed" in done.stderr
+    assert f"{DEBIAN_PYTHON} -m venv --system-site-packages /opt/torch-venv" in done.stderr
+    assert "--var python=/opt/torch-venv/bin/python" in done.stderr
+    said = "no INSTALLER (a distribution package)" if installer is None else f"its INSTALLER says {installer}"
+    assert said in done.stderr
+
+
+@needs_marked_python
+def test_break_system_packages_true_and_pips_own_configuration_are_honoured(
+        facts: dict[str, Any], tmp_path: Path) -> None:
+    forced = pep668_check(facts, tmp_path, None, break_system_packages="true")
+    assert forced.returncode == 0, forced.stderr
+    assert forced.stdout.splitlines()[0] == "PIP_INSTALL_FLAGS=--break-system-packages"
+    assert "break_system_packages=true (torch there: installer not recorded)" in forced.stdout
+    # What the team configured pip with (read back through the real pip's `pip config list`): pip will
+    # not refuse, so no flag is added and the step says why.
+    conf = tmp_path / "pip.conf"
+    conf.write_text("[install]\nbreak-system-packages = true\n")
+    for name, env in (("var", {"PIP_BREAK_SYSTEM_PACKAGES": "1"}), ("file", {"PIP_CONFIG_FILE": str(conf)})):
+        done = pep668_check(facts, tmp_path / name, None, env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[0] == "PIP_INSTALL_FLAGS="
+        assert "pip is configured to install there anyway" in done.stdout
+    # ... unless it says false: [install] overrides [global] in pip, and so here.
+    conf.write_text("[global]\nbreak-system-packages = true\n[install]\nbreak-system-packages = no\n")
+    done = pep668_check(facts, tmp_path / "no", None, env={"PIP_CONFIG_FILE": str(conf)})
+    assert done.returncode == 1 and "EXTERNALLY_MANAGED:" in done.stderr
+
+
+def test_a_venv_is_never_externally_managed_and_a_bad_choice_is_refused(facts: dict[str, Any],
+                                                                      tmp_path: Path) -> None:
+    done = pep668_check(facts, tmp_path, None, python=sys.executable)   # this test's own venv
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["PIP_INSTALL_FLAGS=",
+                                        f"{sys.executable} is not externally managed (PEP 668): pip installs "
+                                        "into it as it is"]
+    bad = pep668_check(facts, tmp_path / "bad", None, python=sys.executable, break_system_packages="maybe")
+    assert bad.returncode == 1 and "break_system_packages=maybe: use auto, true or false" in bad.stderr
+
+
+@needs_marked_python
+def test_the_flag_reaches_the_wheel_install(facts: dict[str, Any], fake_python: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # The decision runs in Debian's real python3 (marked) seeing a torch that pip installed; the rest of
+    # the build in the stand-in, which records what `pip install` got.
+    monkeypatch.setenv("FAKE_PEP668_PYTHON", DEBIAN_PYTHON)
+    monkeypatch.setenv("PYTHONPATH", str(torch_site(tmp_path / "site", "pip")))
+    home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
+    run = run_build(cu130(facts, fake_python), tmp_path, cuda_home=str(home))
+    assert run.status == "changed", [(s.name, s.status, s.reason, s.stderr) for s in run.steps]
+    decided = next(s for s in run.steps if s.name == PEP668_STEP)
+    assert decided.reason.endswith("so this build does the same: --break-system-packages")
+    installed = (fake_python.parent.parent / "state" / "pip-install-args").read_text().split()
+    assert "--break-system-packages" in installed and installed[-1].endswith(".whl")
 
 
 # ---------------------------------------------------------------- cuda-toolkit-pip

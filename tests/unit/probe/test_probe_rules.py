@@ -849,3 +849,59 @@ def test_mamba_ssm_without_causal_conv1d_names_the_mamba_fast_path() -> None:
     finding = only(diagnose(facts), "EXTENSION_MISSING")
     assert finding.evidence["extension"] == "causal_conv1d" and "mamba_ssm" in finding.evidence["present"]
     assert "Mamba-family" in finding.summary and "both mamba-ssm and causal-conv1d" in finding.summary
+
+
+# ---------------------------------------------------------------- PEP 668: the fix a user is handed runs
+
+def pep668(*, managed: bool | None, installer: str | None = "pip", pip: str | None = "23.0.1",
+           configured: str | None = None) -> Edit:
+    return chain(set_in("pythons.0.externally_managed", managed),
+                 set_in("pythons.0.torch_installer", installer), set_in("pythons.0.pip_version", pip),
+                 set_in("pythons.0.pip_break_system_packages", configured))
+
+
+def test_torch_installed_by_pip_into_a_marked_python_gets_break_system_packages_in_the_command() -> None:
+    # Debian 12's python3 with torch put there by pip: the team already broke system packages for it.
+    missing = only(diagnose(edited("problem_case", pep668(managed=True))), "EXTENSION_MISSING")
+    assert missing.fix.playbook == BUILD_EXTENSIONS_PLAYBOOK
+    assert missing.fix.vars == {"extensions": ["causal_conv1d"], "python": "python3", "cuda_version": "12.8",
+                                "break_system_packages": "true"}
+    assert "--var break_system_packages=true" in missing.fix.text()
+    assert "pip install --break-system-packages --no-build-isolation causal-conv1d" in missing.fix.hint
+
+
+@pytest.mark.parametrize(("installer", "pip", "said"), [
+    (None, "23.0.1", "torch there is the distribution's (no INSTALLER)"),
+    ("conda", "23.0.1", "torch there was installed by conda"),
+    ("pip", "22.3.1", "pip 22.3.1 has no --break-system-packages (23.0.1+)"),
+    ("pip", None, "it has no pip"),
+])
+def test_a_marked_python_whose_torch_pip_may_not_touch_gets_the_venv_route_not_a_failing_playbook(
+        installer: str | None, pip: str | None, said: str) -> None:
+    facts = edited("problem_case", pep668(managed=True, installer=installer, pip=pip))
+    missing = only(diagnose(facts), "EXTENSION_MISSING")
+    assert missing.fix.playbook is None and missing.fix.vars == {}
+    assert missing.fix.hint.startswith(f"python3 is externally managed (PEP 668) and {said}: ")
+    assert ("python3 -m venv --system-site-packages /opt/torch-venv, then fleetfix apply "
+            f"{BUILD_EXTENSIONS_PLAYBOOK} --var extensions=causal_conv1d "
+            "--var python=/opt/torch-venv/bin/python --var cuda_version=12.8") in missing.fix.hint
+
+
+@pytest.mark.parametrize("edit", [pep668(managed=False, installer=None), pep668(managed=None, installer=None),
+                                  pep668(managed=True, installer=None, configured="/etc/pip.conf")])
+def test_an_unmarked_venv_an_older_probe_or_a_configured_pip_keep_the_plain_build(edit: Edit) -> None:
+    missing = only(diagnose(edited("problem_case", edit)), "EXTENSION_MISSING")
+    assert missing.fix.vars == {"extensions": ["causal_conv1d"], "python": "python3", "cuda_version": "12.8"}
+    assert "pip install --no-build-isolation causal-conv1d" in missing.fix.hint
+
+
+def test_the_other_build_findings_take_the_same_route() -> None:
+    def not_built(data: dict[str, Any]) -> None:
+        data["pythons"][0]["extensions"]["causal_conv1d"].update(present=True, compiled_present=False)
+    facts = edited("problem_case", chain(not_built, pep668(managed=True)))
+    finding = only(diagnose(facts), "EXTENSION_NOT_BUILT")
+    assert finding.fix.vars["break_system_packages"] == "true"
+    assert "pip install --break-system-packages --no-build-isolation --force-reinstall" in finding.fix.hint
+    facts = edited("problem_case", chain(not_built, pep668(managed=True, installer=None)))
+    finding = only(diagnose(facts), "EXTENSION_NOT_BUILT")
+    assert finding.fix.playbook is None and "--system-site-packages" in finding.fix.hint

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 from probe_testkit import PCT_PATH, FakeBin, probe_facts, run_probe
 
 from fleetfix.probe import build_probe_script, parse_facts
+from fleetfix.probe.facts import version_tuple
 from fleetfix.probe.script import probe_script_body
 
 REAL_NVCC = Path("/usr/local/cuda-13.0/bin/nvcc")
@@ -138,3 +140,81 @@ def test_leaves_no_files_behind(tmp_path: Path) -> None:
     done = run_probe(build_probe_script(), env={"HOME": str(work), "TMPDIR": str(work)})
     assert done.returncode == 0
     assert list(work.iterdir()) == []
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3")
+
+
+def debian_python_is_marked() -> bool:
+    done = subprocess.run([str(DEBIAN_PYTHON), "-c", "import os, sysconfig; print(os.path.isfile("
+                           "os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() == "True"
+
+
+needs_marked_python = pytest.mark.skipif(not (DEBIAN_PYTHON.exists() and debian_python_is_marked()),
+                                         reason="needs Debian 12+'s python3 (its stdlib is marked)")
+
+
+def pip_refuses(env: dict[str, str]) -> bool:
+    """Real pip's answer: does `pip install` into Debian's python3 stop at PEP 668 under this env?"""
+    done = subprocess.run([str(DEBIAN_PYTHON), "-m", "pip", "install", "--dry-run", "--no-index",
+                           "fleetfix-no-such-distribution"], capture_output=True, text=True, check=False,
+                          env={"PATH": "/usr/bin:/bin", **env}, timeout=120)
+    return "externally-managed-environment" in done.stdout + done.stderr
+
+
+@needs_marked_python
+def test_pep668_facts_of_debians_python_agree_with_real_pip(tmp_path: Path) -> None:
+    # A torch that pip put into the system site (INSTALLER: pip), seen through PYTHONPATH.
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch" / "version.py").write_text("__version__ = '2.14.1+cu130'\ncuda = '13.0'\n")
+    (site / "torch-2.14.1.dist-info").mkdir()
+    (site / "torch-2.14.1.dist-info" / "INSTALLER").write_text("pip\n")
+    cases: list[tuple[dict[str, str], str | None]] = [
+        ({}, None),
+        ({"PIP_BREAK_SYSTEM_PACKAGES": "1"}, "PIP_BREAK_SYSTEM_PACKAGES"),
+        ({"PIP_BREAK_SYSTEM_PACKAGES": "0"}, None),
+    ]
+    for name, text, says in (("global", "[global]\nbreak-system-packages = true\n", True),
+                             ("install-no", "[global]\nbreak-system-packages = yes\n"
+                                            "[install]\nbreak-system-packages = no\n", False),
+                             ("install", "[install]\nbreak_system_packages = on\n", True),
+                             ("colon", "[global]\n# break-system-packages = false\n; x\n"
+                                       "Break_System_Packages: yes\n", True),
+                             ("empty", "[global]\nbreak-system-packages = true\n"
+                                       "[install]\nbreak-system-packages =\n", True),
+                             ("other", "[freeze]\nbreak-system-packages = true\n", False)):
+        conf = tmp_path / f"{name}.conf"
+        conf.write_text(text)
+        cases.append(({"PIP_CONFIG_FILE": str(conf)}, str(conf) if says else None))
+    home = tmp_path / "home"
+    (home / ".config" / "pip").mkdir(parents=True)
+    (home / ".config" / "pip" / "pip.conf").write_text("[global]\nbreak-system-packages = true\n")
+    cases.append(({"HOME": str(home)}, f"{home}/.config/pip/pip.conf"))
+    for env, source in cases:
+        env = {"HOME": str(tmp_path), "PYTHONPATH": str(site), **env}
+        facts = probe_facts(build_probe_script([str(DEBIAN_PYTHON)], discover=False), env=env)
+        [python] = facts.pythons
+        assert python.externally_managed is True and python.torch_installer == "pip", python
+        assert (version_tuple(python.pip_version) or ()) >= (23, 0, 1)   # Debian 12 ships 23.0.1
+        assert python.pip_break_system_packages == source, env
+        assert pip_refuses(env) == (source is None), env
+
+
+def test_pep668_facts_of_a_venv_and_of_a_distribution_torch(tmp_path: Path) -> None:
+    # A venv is never externally managed (PEP 668's exemption); a torch without INSTALLER has None.
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    (site / "torch-2.14.1.dist-info").mkdir()
+    venv = tmp_path / "venv"
+    base = str(DEBIAN_PYTHON) if DEBIAN_PYTHON.exists() else "python3"
+    subprocess.run([base, "-m", "venv", "--without-pip", str(venv)], check=True)
+    facts = probe_facts(build_probe_script([str(venv / "bin" / "python3")], discover=False),
+                        env={"PYTHONPATH": str(site)})
+    [python] = facts.pythons
+    assert python.virtualenv is True and python.externally_managed is False
+    assert python.torch is not None and python.torch_installer is None
