@@ -7,7 +7,9 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from fleetfix.cli import main
-from fleetfix.wheelcache import WheelCache
+from fleetfix.wheelcache import Provenance, WheelCache, target_builder
+from tests.lab.releases import make_wheel
+from tests.unit.test_wheel_contents import elf
 
 
 def invoke(*args: str) -> tuple[int, str]:
@@ -23,11 +25,12 @@ def test_verify_on_an_empty_cache_says_so(tmp_path: Path) -> None:
 
 def test_verify_counts_what_it_checked_and_what_is_bad(tmp_path: Path) -> None:
     cache = WheelCache(tmp_path / "wheels")
-    for version in ("1.0", "2.0"):
-        wheel = cache.incoming(f"tiny-{version}-py3-none-any.whl")
-        wheel.write_bytes(f"wheel {version}".encode())
-        cache.store({"name": "tiny", "version": version, "python_tag": "py3"}, wheel, built_on="pve1/200",
-                    build_seconds=None)
+    tag = "cp311-cp311-linux_x86_64"
+    for version in ("1.0", "2.0"):  # the cache keeps compiled extensions only
+        wheel = cache.incoming(f"tiny-{version}-{tag}.whl")
+        wheel.write_bytes(make_wheel("tiny", version, tag, {"tiny/_C.so": elf()}))
+        cache.store({"name": "tiny", "version": version, "python_tag": "cp311", "machine": "x86_64"}, wheel,
+                    Provenance(target_builder("pve1/200")))
     code, output = invoke("wheels", "verify", "--wheel-cache", str(cache.root))
     assert code == 0 and output.endswith(f"2 entries checked in {cache.root}\n"), output
     damaged = next(entry for entry in cache.entries() if entry.key["version"] == "2.0")

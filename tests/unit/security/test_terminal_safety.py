@@ -114,15 +114,19 @@ def test_junit_and_html_carry_no_control_characters(hostile_audit) -> None:  # t
 
 def hostile_cache(root: Path) -> None:
     """A wheel cache whose one entry carries what a target controls: the key's values (rendered from its
-    facts), the name `describe` printed, the target's name as `built on`."""
-    from fleetfix.wheelcache import WheelCache
+    facts), and a target name (a discovered guest's is its hostname) as the builder; the source is a URL
+    whose bytes the controller did not choose."""
+    from fleetfix.wheelcache import Provenance, WheelCache, target_builder
+    from tests.lab.releases import make_wheel
+    from tests.unit.test_wheel_contents import elf
 
     cache = WheelCache(root)
-    wheel = cache.incoming("causal_conv1d-1.6.1-cp312-cp312-linux_x86_64.whl")
-    wheel.write_bytes(b"not really a wheel")
+    tag = "cp312-cp312-linux_x86_64"
+    wheel = cache.incoming(f"causal_conv1d-1.6.1-{tag}.whl")
+    wheel.write_bytes(make_wheel("causal_conv1d", "1.6.1", tag, {"causal_conv1d_cuda.so": elf()}))
     key = {"name": "causal-conv1d", "version": "1.6.1", "python_tag": "cp312", "torch": f"2.8.0{OSC52}",
            "torch_cuda": f"12.8{CURSOR}", "cxx11_abi": "1", "machine": "x86_64", "libc": TITLE}
-    cache.store(key, wheel, built_on=f"pve1/200{OSC52}", build_seconds=1.0, source=f"build\r{TITLE}")
+    cache.store(key, wheel, Provenance(target_builder(f"pve1/200{OSC52}"), f"https://h/x\r{TITLE}", 1.0))
 
 
 def test_wheels_list_verify_and_purge_escape_what_targets_said(tmp_path: Path) -> None:
