@@ -263,3 +263,38 @@ def test_shell_completion_lines_work_on_a_fresh_account(tmp_path: Path) -> None:
                                "complete -C 'fleetfix '"], env=env, text=True, capture_output=True,
                               timeout=120, check=False)
         assert "probe" in done.stdout, done.stderr
+
+
+# A step line in a console block, as `apply` and `runs show` print it: status, target, step name, " — ".
+STEP_LINE = re.compile(r"^\s*(?:ok|changed|would-change|failed|skipped|ignored)\s+(?:[\w./-]+: )?(.+?) — ")
+
+
+def shipped_step_names() -> set[str]:
+    import yaml
+
+    return {step["name"] for book in (REPO / "playbooks").glob("*.yaml")
+            for step in yaml.safe_load(book.read_text())["steps"]}
+
+
+def stale_step_lines(path: Path, known: set[str]) -> list[str]:
+    """Console output lines naming a step no shipped playbook has: output pasted before a step was
+    renamed or removed, which `# checked` lines alone do not catch (most step lines vary per run)."""
+    stale, in_console = [], False
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if FENCE.match(line):
+            in_console = not in_console and line.startswith("```console")
+            continue
+        found = STEP_LINE.match(line) if in_console else None
+        if found and found.group(1) not in known:
+            stale.append(f"{path.name}:{number}: {found.group(1)!r}")
+    return stale
+
+
+def test_every_step_shown_in_console_output_is_a_step_of_a_shipped_playbook(tmp_path: Path) -> None:
+    known = shipped_step_names()
+    assert "cuda version known" in known and "extensions built" in known
+    assert [stale for path in [README, *DOCS] for stale in stale_step_lines(path, known)] == []
+    pasted = tmp_path / "old.md"
+    pasted.write_text("```console\n$ fleetfix runs show last\n"
+                      "  ok           supported platform — debian12\n```\n")
+    assert stale_step_lines(pasted, known) == ["old.md:3: 'supported platform'"]
