@@ -161,9 +161,9 @@ def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice)
     from fleetfix.audit.drift import compute_drift
 
     with _store(db, readonly=True) as store:
-        # Drift compares findings and reachability, not facts: decoding two runs' facts was ~4 s of a
-        # 10,000-target diff (issue 21). It reads a target's facts only where a policy change may explain
-        # an EXTENSION_MISSING change (store.facts_of), so it is computed while the store is open.
+        # Drift compares findings and reachability, not facts, which are most of a large run's bytes
+        # (docs/performance.md). It reads a target's facts only where a policy change may explain an
+        # EXTENSION_MISSING change (store.facts_of), so it is computed while the store is open.
         old = store.load(store.resolve(old_ref), facts=False)
         new = store.load(store.resolve(new_ref), facts=False)
         drift = compute_drift(old, new, facts_of=store.facts_of)
