@@ -109,8 +109,12 @@ def test_the_seed_problem_on_debian_13_is_diagnosed_and_check_mode_changes_nothi
     [report] = probed.json()["targets"]
     assert set(codes(report)) >= TOOLKIT_CODES
     assert report["facts"]["os"]["nvidia_distro"] == "debian13"
-    # Debian's python3 without python3-dev: no Python.h for the extension build that comes next.
-    assert "PYTHON_HEADERS_MISSING" in codes(report)
+    # The minbase template's python3 is externally managed and has no pip (torch was put there as pip
+    # does): the extension's fix says to install pip, with python3-dev for Python.h, before any build.
+    extension = next(f["fix"] for f in report["findings"] if f["code"] == "EXTENSION_MISSING")
+    assert report["facts"]["pythons"][0]["externally_managed"] is True
+    assert extension["playbook"] is None
+    assert "apt-get install python3-pip python3-dev" in extension["hint"]
     fix = next(f["fix"] for f in report["findings"] if f["code"] == "CUDA_RUNTIME_WITHOUT_TOOLKIT")
     assert (fix["playbook"], fix["vars"]) == (PLAYBOOK, {"cuda_version": "13.0"})
 

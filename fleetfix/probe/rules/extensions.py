@@ -74,14 +74,20 @@ def pep668_route(env: PythonEnv) -> str:
 
 
 def _venv_way(env: PythonEnv, names: list[str]) -> str:
+    cuda = f" --var cuda_version={_cuda_of(env)}" if _cuda_of(env) else ""
+    if env.torch_installer == "pip" and not env.pip_version:
+        # pip put torch here and is gone since (or came from elsewhere): with pip back, the env is the
+        # "break" case. A venv is no way round it: Debian's `python3 -m venv` needs python3-venv (ensurepip).
+        return (f"{env.interpreter} is externally managed (PEP 668) and has no pip, although pip installed "
+                "torch there: install pip (Debian/Ubuntu: apt-get install python3-pip python3-dev), then "
+                f"fleetfix apply {BUILD_EXTENSIONS_PLAYBOOK} --var extensions={','.join(names)} "
+                f"--var python={env.interpreter}{cuda} --var break_system_packages=true")
     if env.torch_installer == "pip":
-        owner = (f"pip {env.pip_version} has no --break-system-packages (23.0.1+)" if env.pip_version
-                 else "it has no pip")
+        owner = f"pip {env.pip_version} has no --break-system-packages (23.0.1+)"
     elif env.torch_installer:
         owner = f"torch there was installed by {env.torch_installer}"
     else:
         owner = "torch there is the distribution's (no INSTALLER)"
-    cuda = f" --var cuda_version={_cuda_of(env)}" if _cuda_of(env) else ""
     return (f"{env.interpreter} is externally managed (PEP 668) and {owner}: build in a venv that sees "
             f"the system's packages: {env.interpreter} -m venv --system-site-packages {VENV}, then "
             f"fleetfix apply {BUILD_EXTENSIONS_PLAYBOOK} --var extensions={','.join(names)} "

@@ -874,7 +874,6 @@ def test_torch_installed_by_pip_into_a_marked_python_gets_break_system_packages_
     (None, "23.0.1", "torch there is the distribution's (no INSTALLER)"),
     ("conda", "23.0.1", "torch there was installed by conda"),
     ("pip", "22.3.1", "pip 22.3.1 has no --break-system-packages (23.0.1+)"),
-    ("pip", None, "it has no pip"),
 ])
 def test_a_marked_python_whose_torch_pip_may_not_touch_gets_the_venv_route_not_a_failing_playbook(
         installer: str | None, pip: str | None, said: str) -> None:
@@ -885,6 +884,18 @@ def test_a_marked_python_whose_torch_pip_may_not_touch_gets_the_venv_route_not_a
     assert ("python3 -m venv --system-site-packages /opt/torch-venv, then fleetfix apply "
             f"{BUILD_EXTENSIONS_PLAYBOOK} --var extensions=causal_conv1d "
             "--var python=/opt/torch-venv/bin/python --var cuda_version=12.8") in missing.fix.hint
+
+
+def test_a_marked_python_whose_pip_is_gone_is_told_to_install_pip_not_a_venv() -> None:
+    # Debian's `python3 -m venv` needs python3-venv (ensurepip): without pip it would fail too.
+    facts = edited("problem_case", pep668(managed=True, installer="pip", pip=None))
+    missing = only(diagnose(facts), "EXTENSION_MISSING")
+    assert missing.fix.playbook is None
+    assert missing.fix.hint == (
+        "python3 is externally managed (PEP 668) and has no pip, although pip installed torch there: install "
+        "pip (Debian/Ubuntu: apt-get install python3-pip python3-dev), then fleetfix apply "
+        f"{BUILD_EXTENSIONS_PLAYBOOK} --var extensions=causal_conv1d --var python=python3 "
+        "--var cuda_version=12.8 --var break_system_packages=true")
 
 
 @pytest.mark.parametrize("edit", [pep668(managed=False, installer=None), pep668(managed=None, installer=None),
