@@ -193,9 +193,20 @@ def _wheel_builder(builder: WheelBuilderModel, where: Locations, targets: Sequen
             raise _error(where, (*loc, "template"),
                          f"CT {builder.template} on {builder.node} is the target {target.name!r}: a template "
                          "cannot run playbooks")
+    terms = _pattern_terms(builder.install_on, (*loc, "install_on"), where, targets, strict=strict,
+                           warnings=warnings)
+    spec = WheelBuilder(node, builder.template, builder.first_id, builder.ids, builder.storage)
+    chosen = {target.name for target in apply_terms(targets, terms)}
+    return [replace(target, wheel_builder=spec) if target.name in chosen else target for target in targets]
+
+
+def _pattern_terms(patterns: Sequence[str], loc: Loc, where: Locations, targets: Sequence[Target], *,
+                   strict: bool, warnings: list[str]) -> list[Term]:
+    """The `--limit`-style patterns of an inventory list, parsed; each must match some target (an error,
+    or with proxmox sources a warning), naming the entry's file, line and field."""
     terms: list[Term] = []
-    for position, entry in enumerate(builder.install_on):
-        entry_loc: Loc = (*loc, "install_on", position)
+    for position, entry in enumerate(patterns):
+        entry_loc: Loc = (*loc, position)
         try:
             parsed = parse_pattern(entry)
             check_unknown_prefixes(targets, parsed)
@@ -207,9 +218,7 @@ def _wheel_builder(builder: WheelBuilderModel, where: Locations, targets: Sequen
                 raise error
             warnings.append(str(error))
         terms.extend(parsed)
-    spec = WheelBuilder(node, builder.template, builder.first_id, builder.ids, builder.storage)
-    chosen = {target.name for target in apply_terms(targets, terms)}
-    return [replace(target, wheel_builder=spec) if target.name in chosen else target for target in targets]
+    return terms
 
 
 def _wheel_trust(model: InventoryModel, where: Locations, targets: Sequence[Target], *, strict: bool,
@@ -221,20 +230,8 @@ def _wheel_trust(model: InventoryModel, where: Locations, targets: Sequence[Targ
     for index, rule in enumerate(model.wheels.trust):
         chosen = []
         for part in ("builders", "install_on"):
-            terms: list[Term] = []
-            for position, entry in enumerate(getattr(rule, part)):
-                entry_loc: Loc = ("wheels", "trust", index, part, position)
-                try:
-                    parsed = parse_pattern(entry)
-                    check_unknown_prefixes(targets, parsed)
-                except ConfigError as exc:
-                    raise _error(where, entry_loc, exc.detail) from None
-                if not apply_terms(targets, parsed):
-                    error = _error(where, entry_loc, f"{entry!r} matched no targets")
-                    if strict:
-                        raise error
-                    warnings.append(str(error))
-                terms.extend(parsed)
+            terms = _pattern_terms(getattr(rule, part), ("wheels", "trust", index, part), where, targets,
+                                   strict=strict, warnings=warnings)
             chosen.append({target.name for target in apply_terms(targets, terms)} if terms else set())
         builders, consumers = chosen
         for name in consumers:

@@ -23,7 +23,6 @@ import pytest
 from tests.conftest import in_ci
 from tests.lab.container import Container
 from tests.lab.realtorch import cache_root
-from tests.lab.template import ensure_template
 
 REAL_CUDA = Path("/usr/local/cuda-13.0")
 CU12_WHEEL = ("nvidia-cuda-nvcc-cu12", "12.8.93")
@@ -40,12 +39,6 @@ def need(problem: str | None) -> None:
         pytest.fail(f"CI=true: {problem}", pytrace=False)
     pytest.skip(problem)
 
-
-@pytest.fixture(scope="module")
-def trixie() -> Path:
-    need(None if shutil.which("debootstrap") or os.path.exists("/usr/sbin/debootstrap")
-         else "the Debian 13 template needs debootstrap (apt-get install debootstrap)")
-    return ensure_template("trixie").rootfs
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol, TypeVar
 
 from tests.lab import vm as vmlib
 from tests.lab.container import NODE_DIR_ENV, Container, NodeState
@@ -34,6 +35,36 @@ LAB_DIR = Path(__file__).resolve().parent
 NODE_PYTHON = "/usr/bin/python3"  # the node's own Debian python, not whatever runs pytest
 
 ContainerSetup = Callable[[Container], object] | str
+
+
+class _Guest(Protocol):
+    @property
+    def running(self) -> bool: ...
+    def start(self) -> object: ...
+    def stop(self) -> object: ...
+    def sh(self, command: str) -> object: ...
+    def destroy(self) -> object: ...
+
+
+Guest = TypeVar("Guest", bound=_Guest)
+
+
+def _brought_up(guest: Guest, *, running: bool, setup: Callable[[Guest], object] | str | None) -> Guest:
+    """guest started for its setup (a shell line, or a function of it), left running or stopped as asked;
+    destroyed if any of that fails, so a test never inherits half a guest."""
+    try:
+        if running or setup is not None:
+            guest.start()
+        if isinstance(setup, str):
+            guest.sh(setup)
+        elif setup is not None:
+            setup(guest)
+        if not running and guest.running:
+            guest.stop()
+    except BaseException:
+        guest.destroy()
+        raise
+    return guest
 
 
 @dataclass
@@ -159,19 +190,7 @@ class Lab:
         state = self.node(node).state
         ct = state.create_container(ctid, hostname=name, tags=tuple(tags), extra_config=config,
                                     template=template, share=share, real_lxc=real_lxc)
-        try:
-            if running or setup is not None:
-                ct.start()
-            if isinstance(setup, str):
-                ct.sh(setup)
-            elif setup is not None:
-                setup(ct)
-            if not running and ct.running:
-                ct.stop()
-        except BaseException:
-            ct.destroy()
-            raise
-        return ct
+        return _brought_up(ct, running=running, setup=setup)
 
     def remove_container(self, node: str | LabNode | None, ctid: int) -> None:
         self.node(node).container(ctid).destroy()
@@ -196,19 +215,7 @@ class Lab:
         state = self.node(node).state
         machine = vmlib.create_vm(state, vmid, name=name, tags=tuple(tags), agent=agent,
                                   agent_installed=agent_installed, extra_config=config)
-        try:
-            if running or setup is not None:
-                machine.start()
-            if isinstance(setup, str):
-                machine.sh(setup)
-            elif setup is not None:
-                setup(machine)
-            if not running and machine.running:
-                machine.stop()
-        except BaseException:
-            machine.destroy()
-            raise
-        return machine
+        return _brought_up(machine, running=running, setup=setup)
 
     def add_qemu_vm(
         self,
@@ -226,19 +233,7 @@ class Lab:
         from tests.lab.qemuvm import create_qemu_vm
 
         machine = create_qemu_vm(self.node(node).state, vmid, name=name, forwards=forwards)
-        try:
-            if running or setup is not None:
-                machine.start()
-            if isinstance(setup, str):
-                machine.sh(setup)
-            elif setup is not None:
-                setup(machine)
-            if not running and machine.running:
-                machine.stop()
-        except BaseException:
-            machine.destroy()
-            raise
-        return machine
+        return _brought_up(machine, running=running, setup=setup)
 
     # -- talking to nodes with plain OpenSSH ---------------------------------------------------------
     def ssh_argv(self, node: str | LabNode | None, command: str | Sequence[str]) -> list[str]:
