@@ -9,14 +9,20 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from audit_testkit import FakeWorld, edited, interrupt_dpkg, load_fixture, make_target
+from audit_testkit import (
+    FakeWorld,
+    assert_versions_agree_with_problems,
+    edited,
+    interrupt_dpkg,
+    load_fixture,
+    make_target,
+)
 
 from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, RunInfo, StoredRun, TargetResult, run_audit
 from fleetfix.audit.dashboard import (
     DRIVER_CODES,
     STACK_CODES,
     TOOLKIT_CODES,
-    Dashboard,
     build_dashboard,
     fix_commands,
     grid_rows,
@@ -183,21 +189,6 @@ def probed(name: str, data: dict[str, Any], node_facts: dict[str, Any] | None = 
     """A target as an audit records it: the rules' findings on its facts."""
     node = NodeFacts.model_validate(node_facts) if node_facts else None
     return ok(name, *diagnose(Facts.model_validate(data), node), facts=data, node_facts=node_facts)
-
-
-def assert_versions_agree_with_problems(dash: Dashboard) -> None:
-    """Every target's Versions row says what its Problems group says of its version stack: the same worst
-    severity, and no "toolkit matches" for a CUDA a toolkit finding is about."""
-    group_of = {t.name: g for g in dash.groups for t in g.targets}
-    for row in dash.versions.rows:
-        for name in row.targets:
-            stack = [f for f in group_of[name].findings if f.code in STACK_CODES]
-            severities = {f.severity for f in stack}
-            expected = "error" if "error" in severities else "warning" if "warning" in severities else None
-            assert row.verdict == expected if expected else row.verdict in ("ok", "unknown"), (name, row)
-            for f in stack:
-                if f.code in TOOLKIT_CODES and f.evidence.get("torch_cuda"):
-                    assert f"toolkit matches CUDA {f.evidence['torch_cuda']}" not in row.note, (name, row)
 
 
 def test_version_matrix_counts_stacks_and_flags_mismatches() -> None:
