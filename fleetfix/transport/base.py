@@ -96,6 +96,11 @@ def cap_text(text: str, cap: int) -> str:
     return capped.getvalue().decode("utf-8", "replace")
 
 
+# The exit code of a command killed at its deadline: coreutils `timeout`'s, which the remote watchdogs
+# give too, so a timed-out result reads the same whichever transport or guest ran it.
+TIMEOUT_EXIT_CODE = 124
+
+
 @dataclass(frozen=True)
 class CommandResult:
     exit_code: int

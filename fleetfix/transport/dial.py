@@ -26,6 +26,7 @@ from fleetfix.errors import (
     ConnectTimeoutError,
     NameResolutionError,
     TransportError,
+    one_line,
 )
 from fleetfix.target import SSHSettings
 
@@ -51,10 +52,6 @@ class DialledSocket(socket.socket):
         return super().send(data, flags)
 
 
-def _one_line(error: OSError) -> str:
-    return error.strerror or " ".join(str(error).split()) or type(error).__name__
-
-
 def open_socket(settings: SSHSettings) -> socket.socket:
     """A TCP connection to the node, connect errors mapped to TransportErrors (one line each)."""
     endpoint = f"{settings.address}:{settings.port}"
@@ -68,7 +65,7 @@ def open_socket(settings: SSHSettings) -> socket.socket:
     except ConnectionRefusedError:
         raise ConnectRefusedError(f"{endpoint}: connection refused") from None
     except OSError as error:
-        raise ConnectError(f"{endpoint}: {_one_line(error)}") from None
+        raise ConnectError(f"{endpoint}: {error.strerror or one_line(error)}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -82,7 +79,8 @@ def dial(settings: SSHSettings) -> DialledSocket:
         dialled.sendall(_LINE)
     except OSError as error:
         dialled.close()
-        raise ConnectError(f"{settings.address}:{settings.port}: {_one_line(error)}") from None
+        reason = error.strerror or one_line(error)
+        raise ConnectError(f"{settings.address}:{settings.port}: {reason}") from None
     dialled.identification_pending = True
     return dialled
 
