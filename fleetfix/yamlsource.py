@@ -35,8 +35,8 @@ MAX_INT_DIGITS = 20
 _INT_TAG = "tag:yaml.org,2002:int"
 
 # libyaml's parser (PyYAML's C extension, in its wheels) where it is there: the same nodes, tags and line
-# marks as the pure-Python parser, ~3x faster to compose (a 10,000-target inventory: 0.7 s against 2.2 s;
-# docs/performance.md). Its composer recurses in C, without Python's recursion limit, and libyaml before
+# marks as the pure-Python parser, several times faster to compose a large inventory
+# (docs/performance.md). Its composer recurses in C, without Python's recursion limit, and libyaml before
 # 2024 has no nesting limit of its own: `_check_nesting` walks its event stream (no recursion) first.
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # CSafeLoader: not a SafeLoader subclass
 _NEST = (yaml.MappingStartEvent, yaml.SequenceStartEvent)

@@ -375,7 +375,7 @@ class AuditStore:
         """Rows of _RESULT_COLUMNS as results. Each blob is decoded once per call: a findings list is
         shared by every target showing the same findings (Finding is immutable), a facts base by every
         result of its target (the delta copies what it changes). With a projection, a base is kept only
-        as projected: whole, 10,000 targets' bases are ~115 MB (issue 21)."""
+        as projected: a fleet's bases held whole would be most of the HTML report's memory."""
         documents: dict[int, Any] = {}
         findings: dict[int, tuple[Finding, ...]] = {}
         projected: dict[int, dict[str, Any] | None] = {}

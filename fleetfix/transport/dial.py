@@ -1,10 +1,10 @@
 """Dialling a node before paramiko is loaded: the TCP connection and the SSH identification line go out
-first, and paramiko (with `cryptography`, ~60-90 ms of imports) loads while they travel.
+first, and paramiko (with `cryptography`, a slow import) loads while they travel.
 
-Why: for one target, start-up was most of the time to a result (issue 21: ~0.45 s of CPU before the first
-packet). An SSH connection starts with both sides sending their identification line (RFC 4253 4.2); the
-server answers ours with its own and its KEXINIT without waiting for anything else, and forks and re-execs
-its session process meanwhile. Sending ours from a plain socket, before the import, lets that round trip
+Why: for one target, start-up was most of the time to a result (docs/performance.md). An SSH connection
+starts with both sides sending their identification line (RFC 4253 4.2); the server answers ours with its
+own and its KEXINIT without waiting for anything else, and forks and re-execs its session process
+meanwhile. Sending ours from a plain socket, before the import, lets that round trip
 and the server's work overlap the import instead of following it. paramiko then starts on the connected
 socket, told that its identification line was sent already (`DialledSocket.send` drops paramiko's copy of
 it, which must be byte for byte the one sent: it is part of the key exchange hash, `local_version`).
