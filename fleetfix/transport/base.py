@@ -96,8 +96,9 @@ def cap_text(text: str, cap: int) -> str:
     return capped.getvalue().decode("utf-8", "replace")
 
 
-# The exit code of a command killed at its deadline: coreutils `timeout`'s, which the remote watchdogs
-# give too, so a timed-out result reads the same whichever transport or guest ran it.
+# The exit code a result carries when its command was killed at its deadline, however the kill came (the
+# remote watchdog's KILL, a local kill, qm giving up): coreutils `timeout`'s, the code scripts know, and the
+# same whichever transport or guest ran the command.
 TIMEOUT_EXIT_CODE = 124
 
 
