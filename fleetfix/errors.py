@@ -50,6 +50,13 @@ class ExitCode(IntEnum):
     INTERRUPTED = 130  # Ctrl-C
 
 
+def one_line(value: object) -> str:
+    """value's text as one line of a message (whitespace runs, newlines included, become one space); an
+    exception without text is named by its class, so a message never ends in nothing."""
+    text = " ".join(str(value).split())
+    return text or (type(value).__name__ if isinstance(value, BaseException) else "")
+
+
 class FleetfixError(Exception):
     """Base of every error fleetfix raises on purpose."""
 

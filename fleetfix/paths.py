@@ -1,6 +1,6 @@
 """Where fleetfix keeps its state on the controller: run records, the audit history, discovery caches.
 
-Everything there is private to the user whatever the umask (issue 18: with umask 000 files became 0777):
+Everything there is private to the user whatever the umask (under umask 000 it would be open to all):
 directories fleetfix creates are 0700 (`private_dir`), files 0600 (`private_file`). mkdir's and open's
 mode arguments are filtered by the umask, so the modes are set again with chmod, which is not.
 """

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from fleetfix.errors import ConfigError
+from fleetfix.errors import ConfigError, one_line
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -35,8 +35,8 @@ MAX_INT_DIGITS = 20
 _INT_TAG = "tag:yaml.org,2002:int"
 
 # libyaml's parser (PyYAML's C extension, in its wheels) where it is there: the same nodes, tags and line
-# marks as the pure-Python parser, ~3x faster to compose (a 10,000-target inventory: 0.7 s against 2.2 s;
-# docs/performance.md). Its composer recurses in C, without Python's recursion limit, and libyaml before
+# marks as the pure-Python parser, several times faster to compose a large inventory
+# (docs/performance.md). Its composer recurses in C, without Python's recursion limit, and libyaml before
 # 2024 has no nesting limit of its own: `_check_nesting` walks its event stream (no recursion) first.
 _LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # CSafeLoader: not a SafeLoader subclass
 _NEST = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
@@ -180,13 +180,13 @@ def parse_yaml(text: str, path: str, cls: type[ConfigError] = ConfigError) -> tu
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark
         line = mark.line + 1 if mark is not None else None
-        raise cls(f"invalid YAML: {_one_line(exc.problem or str(exc))}", path=path, line=line) from None
+        raise cls(f"invalid YAML: {one_line(exc.problem or str(exc))}", path=path, line=line) from None
     except yaml.YAMLError as exc:
-        raise cls(f"invalid YAML: {_one_line(str(exc))}", path=path) from None
+        raise cls(f"invalid YAML: {one_line(str(exc))}", path=path) from None
     except RecursionError:
         raise cls("invalid YAML: nested too deeply", path=path) from None
     except ValueError as exc:  # a constructor's own refusal (a malformed timestamp, say)
-        raise cls(f"invalid YAML: {_one_line(str(exc))}", path=path) from None
+        raise cls(f"invalid YAML: {one_line(str(exc))}", path=path) from None
     lines: dict[Loc, int] = {}
     if node is not None:
         try:
@@ -194,10 +194,6 @@ def parse_yaml(text: str, path: str, cls: type[ConfigError] = ConfigError) -> tu
         except RecursionError:
             raise cls("invalid YAML: nested too deeply", path=path) from None
     return data, Locations(path, lines)
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def load_yaml(path: str | Path, cls: type[ConfigError] = ConfigError) -> tuple[Any, Locations]:

@@ -141,12 +141,12 @@ def run_scope(args: Mapping[str, Any]) -> tuple[Any, ...]:
 
 def per_target_baseline(store: AuditStore, run: StoredRun, newest: int) -> StoredRun:
     """The baseline of a run's drift: each of its targets' own last result in a complete run before it,
-    so a narrower audit in between (`--limit`) is never the baseline of targets it left out (issue 18:
-    their regressions vanished from the next drift report). A target counts as vanished only when the
+    so a narrower audit in between (`--limit`) is never the baseline of targets it left out (else their
+    regressions would vanish from the next drift report). A target counts as vanished only when the
     newest complete run looked at the same scope and had it. Reported as a comparison with that newest
     run. Facts are not loaded: drift compares findings and reachability.
 
-    Cost (issue 21): the newest complete run is read once, and a target it does not hold is looked up on
+    Cost: the newest complete run is read once, and a target it does not hold is looked up on
     its own (an index walk backwards), never the whole history and never whole older runs."""
     newest_run = store.load(newest, facts=False)
     in_newest = {result.target: result for result in newest_run.targets}

@@ -27,7 +27,6 @@ from fleetfix.audit import AuditRun
 from fleetfix.audit.drift import IDENTITY_KEYS, FindingChange, PolicyChange
 from fleetfix.audit.model import HEALTH_ORDER, TargetResult, TrendPoint
 from fleetfix.probe import Finding, Fix
-from fleetfix.probe.rules.tables import MIN_DRIVER_BY_MAJOR
 from fleetfix.terminal import has_control
 
 # Worst first: the order groups, fixes and bars are sorted by.
@@ -410,14 +409,15 @@ def _version(text: str) -> tuple[int, ...]:
 
 def matrix_facts(facts: dict[str, Any]) -> dict[str, Any]:
     """Of a target's facts, what _stack reads, in the same shape: the HTML report loads the history's
-    facts through this (ReportFormat.facts), ~12 KiB per target in Python whole, a few hundred bytes
-    projected (issue 21). Facts that are there stay non-empty: _stack tells a probed target by them."""
+    facts through this (ReportFormat.facts), because a whole fleet's facts would set the report's peak
+    memory and the matrix reads a few fields of them. Facts that are there stay non-empty: _stack tells a
+    probed target by them."""
     kept: dict[str, Any] = {}
     if "pythons" in facts:
         kept["pythons"] = [{"torch": {"cuda": env["torch"].get("cuda")}}
                            for env in facts["pythons"] or () if env.get("torch")]
     if "cuda" in facts:
-        kept["cuda"] = {"toolkits": [{"version": t.get("version"), "path": t.get("path")}
+        kept["cuda"] = {"toolkits": [{key: t.get(key) for key in ("version", "path", "nvcc")}
                                      for t in (facts["cuda"] or {}).get("toolkits") or ()]}
     if "gpu" in facts:
         gpu = facts["gpu"] or {}
@@ -425,6 +425,13 @@ def matrix_facts(facts: dict[str, Any]) -> dict[str, Any]:
     if facts and not kept:
         kept["probed"] = True  # none of the fields the matrix reads, but probed all the same
     return kept
+
+
+def _toolkit_label(toolkit: Mapping[str, Any]) -> str:
+    label = str(toolkit.get("version") or toolkit.get("path"))
+    # A toolkit directory whose nvcc is gone (deleted, its package still installed) builds nothing: the
+    # rules do not count it, and the column must not read as if it could.
+    return label if toolkit.get("nvcc") else f"{label} (no nvcc)"
 
 
 def _stack(result: TargetResult) -> tuple[tuple[str, str, str, str, str], str] | None:
@@ -436,44 +443,75 @@ def _stack(result: TargetResult) -> tuple[tuple[str, str, str, str, str], str] |
                     for env in facts.get("pythons") or () if env.get("torch")})
     torch_cuda = " + ".join(cudas) if cudas else "no torch"
     installed = (facts.get("cuda") or {}).get("toolkits") or ()
-    kits = sorted({str(t.get("version") or t.get("path")) for t in installed}, key=_version, reverse=True)
+    kits = sorted({_toolkit_label(t) for t in installed}, key=_version, reverse=True)
     toolkits = " + ".join(kits) if kits else "none"
     gpu = facts.get("gpu") or {}
     node_driver = (result.node_facts or {}).get("kernel_module_version")
     driver = node_driver or gpu.get("driver_version") or "unknown"
     names = Counter(str(name) for name in gpu.get("names") or ())
     gpu_text = ", ".join(f"{n} x {name}" if n > 1 else name for name, n in sorted(names.items()))
-    verdict, note = _verdict(cudas, kits, None if driver == "unknown" else driver)
+    verdict, note = stack_verdict(result, cudas)
     return (torch_cuda, toolkits, driver, verdict, note), gpu_text or "none visible"
 
 
-def _verdict(cudas: Sequence[str], kits: Sequence[str], driver: str | None) -> tuple[str, str]:
-    """Whether the stack can build CUDA extensions for its torch and run them: the toolkit must match
-    torch's CUDA major.minor (another minor of the same major usually builds, another major does not),
-    and the driver must be new enough for that CUDA major."""
+def _joined(values: Any) -> str:
+    return ", ".join(str(v) for v in values) if isinstance(values, list) else str(values)
+
+
+# The findings that judge the version stack. The Versions view reads the rules' judgement (the findings
+# Problems shows, after the policy) and never judges versions itself, so the two cannot disagree: a toolkit
+# the rules do not count (its nvcc gone, say) is not "matching" here either.
+TOOLKIT_CODES = ("CUDA_RUNTIME_WITHOUT_TOOLKIT", "CUDA_TOOLKIT_MAJOR_MISMATCH", "CUDA_TOOLKIT_MINOR_MISMATCH",
+                 "NVCC_GLIBC_INCOMPATIBLE")
+DRIVER_CODES = ("DRIVER_TOO_OLD", "DRIVER_BELOW_FULL_FEATURE")
+STACK_CODES = (*TOOLKIT_CODES, *DRIVER_CODES)
+_VERDICT_OF = {"error": "error", "warning": "warning", "info": "ok"}
+
+
+def stack_note(finding: Finding) -> str:
+    """What the Versions view says of one of the STACK_CODES findings, from its evidence."""
+    e = finding.evidence
+    cuda, nvccs, driver = e.get("torch_cuda"), _joined(e.get("nvcc_versions")), e.get("driver_version")
+    notes = {
+        "CUDA_RUNTIME_WITHOUT_TOOLKIT": f"no nvcc for CUDA {cuda}",
+        "CUDA_TOOLKIT_MAJOR_MISMATCH": f"major mismatch: nvcc {nvccs} for CUDA {cuda}",
+        "CUDA_TOOLKIT_MINOR_MISMATCH": f"minor mismatch: nvcc {nvccs} for CUDA {cuda}",
+        "NVCC_GLIBC_INCOMPATIBLE": f"CUDA {e.get('nvcc_version')}'s nvcc cannot compile against glibc "
+                                   f"{e.get('glibc')}",
+        "DRIVER_TOO_OLD": f"driver {driver} too old for CUDA {str(cuda).split('.')[0]} "
+                          f"(needs ≥ {e.get('minimum_driver')})",
+        "DRIVER_BELOW_FULL_FEATURE": f"driver {driver} runs CUDA {cuda} by minor-version compatibility "
+                                     f"(its own: {e.get('full_feature_driver')})",
+    }
+    return notes[finding.code]
+
+
+def _concerns(finding: Finding, cuda: str) -> bool:
+    """Whether a toolkit finding is about torch's CUDA `cuda` (another nvcc installed is judged too)."""
+    if finding.code == "NVCC_GLIBC_INCOMPATIBLE":
+        return bool(finding.evidence.get("nvcc_version") == cuda)
+    return bool(finding.evidence.get("torch_cuda") == cuda)
+
+
+def stack_verdict(result: TargetResult, cudas: Sequence[str]) -> tuple[str, str]:
+    """The Versions view's verdict and note for one probed target, from its findings: the worst severity
+    among the findings on its version stack (STACK_CODES), each said in a few words; where there are none,
+    what the absence means (torch's CUDA has a matching nvcc, or there is no CUDA torch to match)."""
+    found = [f for f in result.findings if f.code in STACK_CODES]
+    ignored = [code for code in dict.fromkeys(result.ignored) if code in STACK_CODES]
+    notes = list(dict.fromkeys(stack_note(f) for f in found))
     wanted = [c for c in cudas if c != "CPU build"]
+    if not any(code in TOOLKIT_CODES for code in ignored):  # an ignored finding's CUDA is not recorded
+        notes[:0] = [f"toolkit matches CUDA {cuda}" for cuda in wanted
+                     if not any(f.code in TOOLKIT_CODES and _concerns(f, cuda) for f in found)]
+    notes += [f"{code} ignored by policy" for code in ignored]
+    if found:
+        worst = min((f.severity.value for f in found), key=SEVERITY_RANK.__getitem__)
+        return _VERDICT_OF[worst], "; ".join(notes)
     if not wanted:
-        return ("unknown", "no CUDA torch") if not cudas else ("ok", "CPU-only torch")
-    notes, verdict = [], "ok"
-    for cuda in wanted:
-        version = _version(cuda)
-        kit_versions = [_version(k) for k in kits]
-        if version[:2] in (k[:2] for k in kit_versions):
-            notes.append(f"toolkit matches CUDA {cuda}")
-        elif version[:1] in (k[:1] for k in kit_versions):
-            notes.append(f"minor mismatch: toolkit {', '.join(kits)} for CUDA {cuda}")
-            verdict = "error" if verdict == "error" else "warning"
-        elif kits:
-            notes.append(f"major mismatch: toolkit {', '.join(kits)} for CUDA {cuda}")
-            verdict = "error"
-        else:
-            notes.append(f"no toolkit for CUDA {cuda}")
-            verdict = "error"
-        minimum = MIN_DRIVER_BY_MAJOR.get(version[0])
-        if driver and minimum and _version(driver)[:1] < minimum:
-            notes.append(f"driver {driver} too old for CUDA {version[0]} (needs ≥ {minimum[0]})")
-            verdict = "error"
-    return verdict, "; ".join(notes)
+        verdict, note = ("unknown", "no CUDA torch") if not cudas else ("ok", "CPU-only torch")
+        return verdict, "; ".join([note, *notes])
+    return "ok", "; ".join(notes)
 
 
 VERDICT_RANK = {"error": 0, "warning": 1, "unknown": 2, "ok": 3}

@@ -1,6 +1,6 @@
 """The history's tables, their migrations, and how one target's result becomes rows (and back).
 
-Layout (schema v5, issue 21). What a nightly audit of 10,000 targets adds is one small row per target:
+Layout (schema v5). What a nightly audit of 10,000 targets adds is one small row per target:
 
     runs            one row per run: when, args, status, and (once finished) its health counts
     targets         one row per target name ever seen: first_seen, last_probed (kept through pruning)

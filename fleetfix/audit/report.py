@@ -169,8 +169,8 @@ def text_report(run: AuditRun, *, verbose: bool = False) -> str:
 
 
 def text_pieces(run: AuditRun, *, verbose: bool = False) -> Iterator[str]:
-    """text_report's text a line at a time: at 10,000 targets the text and its copies on the way to
-    stdout were ~70 MB of the audit's peak memory (issue 21)."""
+    """text_report's text a line at a time: held whole, a large fleet's text and its copies on the way
+    to stdout would set the audit's peak memory."""
     info = run.info
     yield (f"audit run {info.id} ({info.status}) started {_when(info.started)}"
            + (f", {info.duration:.1f}s" if info.duration is not None else "") + "\n")
@@ -252,8 +252,8 @@ def junit_report(run: AuditRun) -> str:
 
 
 def junit_pieces(run: AuditRun) -> Iterator[str]:
-    """junit_report's text a suite at a time: at 10,000 targets (~40 testcases each) the whole tree took
-    ~350 MB and the whole text 43 MB, which set the audit's peak memory (issue 21). The text is what one
+    """junit_report's text a suite at a time: a large fleet's whole tree (dozens of testcases per target)
+    and its whole text would set the audit's peak memory (docs/performance.md). The text is what one
     tree of every suite, indented, would give. The root's totals come before the suites, so they are
     counted first, by the same rule (_outcome) that writes the testcases."""
     root = ET.Element("testsuites", name="fleetfix audit", timestamp=_iso(run.info.started))
@@ -332,7 +332,7 @@ _SUITES = "@@fleetfix-junit-suites@@"
 
 def _xml_safe(root: ET.Element) -> None:
     """Every text and attribute, its control characters escaped visibly: XML 1.0 cannot carry them, and
-    ElementTree writes them anyway, leaving the file not well-formed (issue 18)."""
+    ElementTree writes them anyway, leaving the file not well-formed."""
     for element in root.iter():
         element.text = None if element.text is None else safe(element.text)
         for key, value in element.attrib.items():
@@ -445,7 +445,7 @@ def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
             handle.flush()
             os.fsync(handle.fileno())
         # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target and
-        # its weaknesses (issue 18). A collector running as another user needs an ACL or a group.
+        # its weaknesses. A collector running as another user needs an ACL or a group.
         os.chmod(tmp, 0o600)
         os.replace(tmp, target)
     except BaseException:

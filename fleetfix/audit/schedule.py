@@ -55,9 +55,9 @@ def _no_control(value: str, what: str) -> str:
 
 
 def _refuse_secret_values(audit_args: Sequence[str]) -> None:
-    """A unit file or crontab line holds references only, never a secret (issue 18): a secret-named
-    `--var NAME=VALUE` must be `@env:NAME`/`@file:PATH` (or come from a --var-file), and a become password
-    is a reference anyway (checked by the audit's own options)."""
+    """A unit file or crontab line holds references only, never a secret (such files are often readable
+    by others): a secret-named `--var NAME=VALUE` must be `@env:NAME`/`@file:PATH` (or come from a
+    --var-file), and a become password is a reference anyway (checked by the audit's own options)."""
     for index, arg in enumerate(audit_args):
         if arg == "--var" and index + 1 < len(audit_args):
             item = audit_args[index + 1]

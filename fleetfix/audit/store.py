@@ -68,15 +68,32 @@ def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
     return default_state_dir(env) / DB_FILE
 
 
+# SQLite's primary result codes (an extended code's low byte) for the failures an operator meets, each with
+# what to do; the code says what happened whatever the message's wording, in any SQLite version.
+LOCKED = "locked"
+FULL = "full"
+CORRUPT = "corrupt"
+_KIND_OF_CODE = {sqlite3.SQLITE_BUSY: LOCKED, sqlite3.SQLITE_LOCKED: LOCKED, sqlite3.SQLITE_FULL: FULL,
+                 sqlite3.SQLITE_CORRUPT: CORRUPT, sqlite3.SQLITE_NOTADB: CORRUPT}
+
+
+def failure_kind(error: sqlite3.Error) -> str | None:
+    """LOCKED, FULL or CORRUPT by the error's SQLite result code; None for any other (or none: an error
+    the sqlite3 module raised itself, such as a closed connection, carries no code)."""
+    code = getattr(error, "sqlite_errorcode", None)
+    return None if code is None else _KIND_OF_CODE.get(code & 0xFF)
+
+
 def describe_failure(path: Path, error: sqlite3.Error) -> StoreError:
-    """One line for what SQLite said, with what to do: the cases an operator meets (issue 18)."""
+    """One line for what SQLite said, with what to do for the cases an operator meets."""
     text = " ".join(str(error).split())
-    if "locked" in text or "busy" in text:
+    kind = failure_kind(error)
+    if kind == LOCKED:
         return StoreError(f"{path}: the audit database is locked by another process (an audit or a reader "
                           "still running?); try again when it has finished")
-    if "full" in text:
+    if kind == FULL:
         return StoreError(f"{path}: the disk is full: the audit database cannot be written ({text})")
-    if "malformed" in text or "not a database" in text or "corrupt" in text:
+    if kind == CORRUPT:
         return StoreError(f"{path}: the audit database is corrupt ({text}); move it aside to start a new "
                           "history (sqlite3's .recover may save the old one)")
     return StoreError(f"{path}: audit database error: {text}")
@@ -133,11 +150,9 @@ class AuditStore:
                                       " (an audit run upgrades an older one)", path=str(self.path))
             else:
                 migrate(self._conn)
-        except sqlite3.OperationalError as exc:
-            if "locked" in str(exc) or "busy" in str(exc) or "full" in str(exc):
-                raise describe_failure(self.path, exc) from None
-            raise ConfigError(f"cannot open audit database: {exc}", path=str(self.path)) from None
         except sqlite3.DatabaseError as exc:
+            if failure_kind(exc) in (LOCKED, FULL):  # the file is fine: try again later, or free space
+                raise describe_failure(self.path, exc) from None
             raise ConfigError(f"cannot open audit database: {exc}", path=str(self.path)) from None
         except OSError as exc:
             raise ConfigError(f"cannot create audit database: {exc.strerror or exc}",
@@ -360,7 +375,7 @@ class AuditStore:
         """Rows of _RESULT_COLUMNS as results. Each blob is decoded once per call: a findings list is
         shared by every target showing the same findings (Finding is immutable), a facts base by every
         result of its target (the delta copies what it changes). With a projection, a base is kept only
-        as projected: whole, 10,000 targets' bases are ~115 MB (issue 21)."""
+        as projected: a fleet's bases held whole would be most of the HTML report's memory."""
         documents: dict[int, Any] = {}
         findings: dict[int, tuple[Finding, ...]] = {}
         projected: dict[int, dict[str, Any] | None] = {}

@@ -14,8 +14,8 @@ from fleetfix import __version__
 from fleetfix.cli.collector import command_collector
 
 # name -> "module:attribute". A command's module is imported only when that command is named (or listed, by
-# `--help`): `fleetfix probe` does not load apply, audit, schedule, wheels... (~10 ms of its ~100 ms start
-# before the first packet, `python -X importtime`; docs/performance.md).
+# `--help`): `fleetfix probe` does not load apply, audit, schedule, wheels..., whose imports would delay
+# its first packet (docs/performance.md).
 COMMANDS = {
     "apply": "fleetfix.cli.apply:apply_command",
     "audit": "fleetfix.cli.audit:audit_group",

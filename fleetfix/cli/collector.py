@@ -2,15 +2,15 @@
 
 A command's start-up (imports, pydantic's validators, the inventory) leaves some 60,000 objects that live
 until the process ends, and makes almost no cyclic garbage. With the collector's defaults they are scanned
-again and again while the command runs, and once more while the interpreter shuts down: for a 200-target
-`fleetfix probe --json`, ~50 ms of CPU during the run and ~50 ms at exit (of ~0.75 s), to collect ~800
-objects in all (measured for issue 21; docs/performance.md). So, for one command:
+again and again while the command runs, and once more while the interpreter shuts down, a noticeable
+share of a probe's CPU spent to collect almost nothing (docs/performance.md, "The command and the garbage
+collector"). So, for one command:
 
 - during start-up a collection waits for START_UP_THRESHOLD new objects instead of 700 (still bounded: a
   huge inventory is collected while it loads);
 - when the fleet's work starts (`start_up_done`, from FleetOptions.open), everything alive is frozen
   (gc.freeze: never scanned again) and the usual thresholds come back, for what the run makes (a higher
-  one saved ~8 ms at 200 targets but held ~15 MiB more at 10,000: cyclic garbage waits longer);
+  one saves a little CPU but raises a large fleet's peak memory: cyclic garbage waits longer);
 - at exit everything is frozen once more: the interpreter's shutdown has nothing to scan, and the OS takes
   the memory back.
 

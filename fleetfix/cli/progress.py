@@ -14,8 +14,8 @@ if TYPE_CHECKING:
 class ProbeProgress:
     """A progress bar on stderr while targets are probed; silent off a TTY, for one target or for --json.
 
-    rich is imported only for a bar that can show: for one target or --json its ~0.04 s of import would
-    compete with the SSH handshake for the interpreter lock (issue 21)."""
+    rich is imported only for a bar that can show: for one target or --json its import would compete
+    with the SSH handshake for the interpreter lock, for nothing."""
 
     def __init__(self, total: int, *, enabled: bool) -> None:
         self._progress: Progress | None = None

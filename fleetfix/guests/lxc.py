@@ -61,6 +61,9 @@ from fleetfix.guests.transfer import (
     receive_local,
     unique_suffix,
 )
+
+# TIMEOUT_EXIT_CODE is re-exported: guests/pctbatch.py still imports it from here.
+from fleetfix.transport.base import TIMEOUT_EXIT_CODE as TIMEOUT_EXIT_CODE
 from fleetfix.transport.base import CommandResult, OutputSink, Transport
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
@@ -71,7 +74,6 @@ CONTAINER_ENV: tuple[str, ...] = (
     "container=lxc",
 )
 NODE_BACKSTOP_SECONDS = 2
-TIMEOUT_EXIT_CODE = 124
 
 
 def pct_exec_argv(ctid: int, argv: Sequence[str], timeout: float | None = None) -> tuple[str, ...]:

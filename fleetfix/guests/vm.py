@@ -53,7 +53,14 @@ from fleetfix.guests.transfer import (
     receive_local,
     unique_suffix,
 )
-from fleetfix.transport.base import CommandResult, OutputSink, Transferred, Transport, replay_output
+from fleetfix.transport.base import (
+    TIMEOUT_EXIT_CODE,
+    CommandResult,
+    OutputSink,
+    Transferred,
+    Transport,
+    replay_output,
+)
 from fleetfix.transport.remote import TIMEOUT_MARKER, watchdog_seconds, with_watchdog
 
 # qm.pm `exec`: "'input-data' (STDIN) is limited to 1 MiB" (more than 1024 * 1024 bytes dies).
@@ -70,7 +77,6 @@ VM_ENV: tuple[str, ...] = (
 # the agent, up to 3 s, before it starts the command).
 QM_BACKSTOP_SECONDS = 5
 NODE_BACKSTOP_SECONDS = 15
-TIMEOUT_EXIT_CODE = 124
 # The staged stdin: created by mktemp in the VM, redirected into the command and unlinked before it runs.
 _STAGE_FIRST = 'umask 077 && f=$(mktemp /tmp/fleetfix-stdin.XXXXXXXX) && cat > "$f" && printf %s "$f"'
 _STAGE_MORE = 'cat >> "$1"'

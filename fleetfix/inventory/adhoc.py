@@ -3,7 +3,7 @@ with the inventory.
 
 Apart from fleetfix.inventory.load (YAML, the pydantic inventory model, discovery) so that `fleetfix probe
 --host H --ct N` can dial the node before any of that is imported: start-up is most of the time to the
-first packet for one target (docs/performance.md, issue 21).
+first packet for one target (docs/performance.md).
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@
     node = parse_node_facts(run_script(node_transport, build_node_script()).stdout)
     findings = diagnose(facts, node)                                 # root cause first
 
-The names are loaded on first use (PEP 562): the facts models (pydantic) and the rules cost ~0.12 s to
-import, and a probe can send its script before it needs them; `fleetfix.probe.run` imports them on a
-thread of their own while the first targets work (issue 21).
+The names are loaded on first use (PEP 562): the facts models (pydantic) and the rules are slow to import,
+and a probe can send its script before it needs them; `fleetfix.probe.run` imports them on a thread of
+their own while the first targets work.
 """
 
 from __future__ import annotations

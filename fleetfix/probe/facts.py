@@ -81,8 +81,8 @@ def empty(kind: Callable[[], _T]) -> Callable[[], _T]:
     """`Field(default_factory=empty(list))`: what `default_factory=list` gives, cheaper to declare. pydantic
     reads a factory's signature when it builds the model; a builtin's (list, dict) it parses from text
     with tokenize, a model class's it builds from the fields, a plain function's it reads off the code.
-    For the probe's models that was ~26 M instructions of every command's start-up, ~1.5% of a
-    200-target probe (benchmarks/instructions.py, issue 21)."""
+    For the probe's models that was a measurable share of every command's start-up
+    (benchmarks/instructions.py counts it)."""
     def make() -> _T:
         return kind()
 

@@ -64,7 +64,7 @@ printf '}\n'
 have() { command -v "$1" >/dev/null 2>&1; }
 
 # The probe runs in every container of a fleet, so it forks as little as it can: each fork+exec costs
-# the container ~1-2 ms of CPU, and a stock Debian would otherwise cost ~100 of them.
+# the container CPU, and a stock Debian would otherwise need about a hundred of them.
 
 # read_uname -> UNAME_N (node name), UNAME_R (kernel release), UNAME_M (machine), from one uname(1):
 # it prints them in that order whatever the order of the flags, and none contains a space.
@@ -535,8 +535,8 @@ probe_env_cuda_home() {
 # as text. With deep=1, imports happen in child processes with timeouts.
 PY_PROBE=$(cat <<'PYEOF'
 # Only cheap modules at the top: this runs once per interpreter per target, and importlib.metadata,
-# ast, glob, subprocess and json (which imports re) would make its start-up five times longer
-# (measured in a test-bed container: ~100 ms of CPU with them, ~20 ms without).
+# ast, glob, subprocess and json (which imports re) would make its start-up several times longer
+# (docs/performance.md has the test bed's numbers).
 import os, sys
 
 DEEP = sys.argv[1] == "1"
@@ -634,7 +634,7 @@ def metadata_version(path):
 
 def dist_version(names):
     # What importlib.metadata.version() finds (the first matching distribution along sys.path),
-    # without importing it: it pulls in email, zipfile and pathlib, ~40 ms on its own.
+    # without importing it: it pulls in email, zipfile and pathlib, a start-up of its own.
     wanted = set(canonical(name) for name in names)
     for entry in sys.path:
         for item in listdir(entry or "."):

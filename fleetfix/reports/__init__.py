@@ -2,8 +2,8 @@
 
 A format renders run objects (a probe, an exec, an apply, an audit, ...) to text: printed on stdout (the
 default `text`, or `--json`), or written to the file given to its option (`--html FILE`). A renderer
-returns the text whole or as an iterable of pieces, written as they come: a large report (JUnit at 10,000
-targets, 43 MB) is then never whole in memory (issue 21). Each run object
+returns the text whole or as an iterable of pieces, written as they come: a large report (a big fleet's
+JUnit file runs to tens of MB) is then never whole in memory. Each run object
 names its kind (`report_kind`), and a command offers exactly the formats that render the kind it produces
 (`formats_for`). So a new format is one module with its render function plus one line in `FORMATS`, and
 every command producing what it renders gains its option.

@@ -1,8 +1,8 @@
 """The audit's file formats. After `audit --remediate`, a file shows the state afterwards: what monitoring
 must see (the terminal and JSON show the audit and the re-probe both).
 
-Each returns its text in pieces, written to the file as they come (write_report): at 10,000 targets the
-JUnit file alone is ~43 MB of text, which held whole set the audit's peak memory (issue 21)."""
+Each returns its text in pieces, written to the file as they come (write_report): a large fleet's JUnit
+file alone, held whole, would set the audit's peak memory."""
 
 from __future__ import annotations
 

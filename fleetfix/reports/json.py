@@ -54,9 +54,9 @@ def _container(data: Any, level: int, *, nested: bool) -> Iterator[str]:
 
 
 def _member(value: Any, level: int) -> str:
-    """One value's JSON at this depth. pydantic-core writes it ~8x faster than the json module's indenting
-    encoder, which is pure Python (~25 ms of the ~0.6 s of CPU `fleetfix probe --json` spends on 200
-    targets, issue 21); its text is kept only where it is what json.dumps gives: ASCII (json.dumps escapes
+    """One value's JSON at this depth. pydantic-core writes it several times faster than the json module's
+    indenting encoder, which is pure Python and was a visible share of `fleetfix probe --json`'s CPU at
+    fleet scale; its text is kept only where it is what json.dumps gives: ASCII (json.dumps escapes
     the rest) and read back equal to the value (so no tuple, datetime, non-str key or object that only
     default=str would have written). Only where pydantic is loaded already: importing it would cost a
     command that does not use it more than it saves on a small document."""
@@ -84,8 +84,8 @@ def _gathered(chunks: Iterable[str]) -> Iterator[str]:
 
 
 def as_json(run: Any) -> Any:
-    # The audit's runs by class name: importing fleetfix.audit to compare types would cost every other
-    # command's --json ~0.2 s (issue 21). Subclasses count, as with isinstance.
+    # The audit's runs by class name: importing fleetfix.audit to compare types would slow every other
+    # command's --json by the audit's imports. Subclasses count, as with isinstance.
     names = {cls.__name__ for cls in type(run).__mro__}
     if "AuditRun" in names or "RemediatedAudit" in names:
         from fleetfix.audit import report as audit_report

@@ -2,8 +2,8 @@
 
 One function per run type behind `render_text`: a new run type registers its own with `@renders("Class")`.
 Registered by class name, not by type (singledispatch), so that rendering a probe does not import the
-audit, the playbook runner and jinja2 to register their renderers: ~0.2 s of CPU on every command
-(issue 21). Everything that came from a target is printed as text, never as rich markup, so nothing a target
+audit, the playbook runner and jinja2 to register their renderers, on every command. Everything that
+came from a target is printed as text, never as rich markup, so nothing a target
 says can style (or break) the terminal.
 """
 
@@ -165,7 +165,7 @@ def _probe(run: ProbeRun, out: Console, **options: Any) -> None:
             if finding.fix is not None:
                 lines.append(f"            fix: {_shown(finding.fix.text())}")
         # One print per target, its blank line included, not one per line: rich's own cost per print
-        # was a tenth of the report's rendering (200 targets: 177 -> 160 ms of CPU, the same text).
+        # was a tenth of the report's rendering, for the same text.
         out.print("\n".join(lines) + "\n")
     if len(run.reports) > 1:
         _probe_summary_table(run, out)
@@ -261,9 +261,9 @@ def _run_detail(detail: RunDetail, out: Console, **options: Any) -> None:
 # --- audit: plain text (it goes to cron mail and journals as often as to terminals) ---------------------
 
 def _audit_pieces(run: AuditRun, *, verbose: bool = False, **options: Any) -> Iterator[str]:
-    """An audit's text a line at a time, not through a page: plain text (no rich layout), and at 10,000
-    targets the whole text with its copies (page, safe) was ~70 MB (issue 21). safe() escapes character
-    by character, so line by line is the same text."""
+    """An audit's text a line at a time, not through a page: plain text (no rich layout), and a large
+    fleet's whole text with its copies (page, safe) would set the command's peak memory. safe() escapes
+    character by character, so line by line is the same text."""
     from fleetfix.audit import report as audit_report
 
     return (safe(line) for line in audit_report.text_pieces(run, verbose=verbose))

@@ -29,7 +29,7 @@ OutputSink = Callable[[Stream, bytes], None]
 
 # What one command's stdout (and, apart, its stderr) may hold in memory. A target that prints more (`cat
 # /dev/zero`) keeps running; its first and last halves of the cap are kept and the middle is dropped, so
-# the controller's memory does not grow with it (issue 18: 5.4 GB before). `--max-output` changes it.
+# the controller's memory does not grow with it. `--max-output` changes it.
 DEFAULT_MAX_OUTPUT = 8 * 1024 * 1024
 
 
@@ -94,6 +94,12 @@ def cap_text(text: str, cap: int) -> str:
     capped = CappedOutput(cap)
     capped.add(data)
     return capped.getvalue().decode("utf-8", "replace")
+
+
+# The exit code a result carries when its command was killed at its deadline, however the kill came (the
+# remote watchdog's KILL, a local kill, qm giving up): coreutils `timeout`'s, the code scripts know, and the
+# same whichever transport or guest ran the command.
+TIMEOUT_EXIT_CODE = 124
 
 
 @dataclass(frozen=True)
@@ -170,8 +176,8 @@ class StdinFeed:
         one are queued, in order, for `__iter__` (the transport starts its writer then).
 
         What is queued goes as one chunk: a node's batch queues the ids of its first containers while its
-        channel opens, one SSH packet each when sent one by one (7 packets per node more, ~0.1 ms of
-        controller CPU each, issue 21)."""
+        channel opens, one SSH packet each when sent one by one: several packets per node more, each
+        costing the controller CPU in paramiko."""
         with self._lock:
             queued: list[bytes | None] = []
             while not self._chunks.empty():
@@ -291,8 +297,8 @@ def command_line(argv: Sequence[str]) -> str:
 
 
 # Words this long are scripts: the probe's (~44 KB) and the batch driver go to every node, and quoting one
-# is a pass over it replacing its quotes, twice per node (at 20 nodes ~0.6% of a 200-target probe's
-# instructions; benchmarks/instructions.py, issue 21). The same few words, quoted once.
+# is a pass over it replacing its quotes, twice per node (benchmarks/instructions.py counts it). The
+# same few words, quoted once.
 _LONG_WORD = 4096
 
 

@@ -1,10 +1,10 @@
 """Dialling a node before paramiko is loaded: the TCP connection and the SSH identification line go out
-first, and paramiko (with `cryptography`, ~60-90 ms of imports) loads while they travel.
+first, and paramiko (with `cryptography`, a slow import) loads while they travel.
 
-Why: for one target, start-up was most of the time to a result (issue 21: ~0.45 s of CPU before the first
-packet). An SSH connection starts with both sides sending their identification line (RFC 4253 4.2); the
-server answers ours with its own and its KEXINIT without waiting for anything else, and forks and re-execs
-its session process meanwhile. Sending ours from a plain socket, before the import, lets that round trip
+Why: for one target, start-up was most of the time to a result (docs/performance.md). An SSH connection
+starts with both sides sending their identification line (RFC 4253 4.2); the server answers ours with its
+own and its KEXINIT without waiting for anything else, and forks and re-execs its session process
+meanwhile. Sending ours from a plain socket, before the import, lets that round trip
 and the server's work overlap the import instead of following it. paramiko then starts on the connected
 socket, told that its identification line was sent already (`DialledSocket.send` drops paramiko's copy of
 it, which must be byte for byte the one sent: it is part of the key exchange hash, `local_version`).
@@ -26,6 +26,7 @@ from fleetfix.errors import (
     ConnectTimeoutError,
     NameResolutionError,
     TransportError,
+    one_line,
 )
 from fleetfix.target import SSHSettings
 
@@ -51,10 +52,6 @@ class DialledSocket(socket.socket):
         return super().send(data, flags)
 
 
-def _one_line(error: OSError) -> str:
-    return error.strerror or " ".join(str(error).split()) or type(error).__name__
-
-
 def open_socket(settings: SSHSettings) -> socket.socket:
     """A TCP connection to the node, connect errors mapped to TransportErrors (one line each)."""
     endpoint = f"{settings.address}:{settings.port}"
@@ -68,7 +65,7 @@ def open_socket(settings: SSHSettings) -> socket.socket:
     except ConnectionRefusedError:
         raise ConnectRefusedError(f"{endpoint}: connection refused") from None
     except OSError as error:
-        raise ConnectError(f"{endpoint}: {_one_line(error)}") from None
+        raise ConnectError(f"{endpoint}: {error.strerror or one_line(error)}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -82,7 +79,8 @@ def dial(settings: SSHSettings) -> DialledSocket:
         dialled.sendall(_LINE)
     except OSError as error:
         dialled.close()
-        raise ConnectError(f"{settings.address}:{settings.port}: {_one_line(error)}") from None
+        reason = error.strerror or one_line(error)
+        raise ConnectError(f"{settings.address}:{settings.port}: {reason}") from None
     dialled.identification_pending = True
     return dialled
 

@@ -105,11 +105,11 @@ class _Index:
     """A known_hosts file's entries, found by name without reading every line for every name.
 
     Why: a fleet looks up each of its nodes (twice per connection), and the file usually lists every node:
-    parsing the whole file on each lookup made N nodes cost O(N^2): 6-9 s of CPU at 1,000 nodes, 15-24 s
-    with hashed names (benchmarks/node_costs.py). Entries whose patterns are all plain names are found in a
-    dict. A hashed name can only be found by hashing the name with each hashed entry's salt, as OpenSSH
-    does, so those stay one HMAC per entry (in one C call, the salt decoded once); wildcard and negated
-    patterns are matched one by one. Each name's result is kept.
+    parsing the whole file on each lookup made N nodes cost O(N^2), seconds of CPU at a thousand nodes
+    and more with hashed names (benchmarks/node_costs.py; docs/performance.md). Entries whose patterns are
+    all plain names are found in a dict. A hashed name can only be found by hashing the name with each
+    hashed entry's salt, as OpenSSH does, so those stay one HMAC per entry (in one C call, the salt decoded
+    once); wildcard and negated patterns are matched one by one. Each name's result is kept.
     """
 
     by_name: dict[str, list[tuple[int, KnownHostEntry]]] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from fleetfix.errors import TransferError
 from fleetfix.transport.base import (
     DEFAULT_MAX_OUTPUT,
     FED_RESULT_OUTPUT,
+    TIMEOUT_EXIT_CODE,
     CappedOutput,
     CommandResult,
     OutputSink,
@@ -36,7 +37,6 @@ from fleetfix.transport.base import (
     copy_stream,
 )
 
-TIMEOUT_EXIT_CODE = 124
 # After a kill, how long to wait for the pipes to close: children that left the group may hold them.
 DRAIN_SECONDS = 5.0
 _CHUNK = 65536

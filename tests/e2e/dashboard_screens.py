@@ -25,12 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from fleetfix.audit import AuditStore, load_audit
+from fleetfix.audit.dashboard import build_dashboard, matrix_facts
 from tests.e2e.chromium import SECTIONS, find_chromium, screenshot_section
 from tests.e2e.scenarios import install_toolkit, problem_case
 from tests.lab.aptrepo import AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.container import Container
 from tests.lab.torch_stub import build_causal_conv1d_extension, install_causal_conv1d
+from tests.unit.audit.audit_testkit import assert_versions_agree_with_problems
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -146,7 +149,16 @@ def make_screens(out: Path, work: Path) -> None:
     finally:
         lab.close()
         repo.stop()
+    views_agree(db)
     shoot(db, out, work)
+
+
+def views_agree(db: Path) -> None:
+    """The newest run's Versions view says of every target what its Problems say."""
+    with AuditStore(db, readonly=True) as store:
+        run = load_audit(store, store.runs(limit=1)[0].id, facts=matrix_facts)
+    assert_versions_agree_with_problems(build_dashboard(run))
+    print("Versions and Problems agree on every target", flush=True)
 
 
 def shoot(db: Path, out: Path, work: Path) -> None:

@@ -15,6 +15,8 @@ from urllib.parse import quote
 
 import pytest
 
+from fleetfix.audit import AuditStore, load_audit
+from fleetfix.audit.dashboard import Dashboard, build_dashboard, matrix_facts
 from fleetfix.probe import Fix
 from tests.conftest import in_ci
 from tests.e2e.chromium import (
@@ -28,9 +30,17 @@ from tests.e2e.chromium import (
     screenshot_section,
 )
 from tests.e2e.conftest import run_cli, write_inventory
-from tests.e2e.scenarios import problem_case
+from tests.e2e.scenarios import install_toolkit, problem_case
+from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
 from tests.lab.container import Container
+from tests.unit.audit.audit_testkit import assert_versions_agree_with_problems
+
+
+def recorded_dashboard(db: Path) -> Dashboard:
+    """The dashboard of the newest run in db, loaded as the HTML report loads it."""
+    with AuditStore(db, readonly=True) as store:
+        return build_dashboard(load_audit(store, store.runs(limit=1)[0].id, facts=matrix_facts))
 
 
 def chromium() -> str:
@@ -100,9 +110,10 @@ def test_html_dashboard_renders_in_headless_chromium(
     fixes = dom.text("fixes")
     assert command in fixes
     assert dom.find("button", "fixes", class_="copy") and not [b for b in dom.find("button") if "hidden" in b]
-    # Versions: torch's CUDA 12.8 without a toolkit is the mismatch.
+    # Versions: torch's CUDA 12.8 without a toolkit is the mismatch, as Problems says for every target.
     versions = dom.text("versions")
-    assert re.search(r"12\.8 none \S+ .*✗ mismatch no toolkit for CUDA 12\.8", versions), versions
+    assert re.search(r"12\.8 none \S+ .*✗ mismatch no nvcc for CUDA 12\.8", versions), versions
+    assert_versions_agree_with_problems(recorded_dashboard(db))
 
     # A filter typed as a link: the code filter from a bar, the search box from q=.
     link = html.resolve().as_uri() + "#code=DPKG_INTERRUPTED&q=" + quote(plain_name)
@@ -119,16 +130,20 @@ def test_html_dashboard_renders_in_headless_chromium(
 
 
 def test_dashboard_renders_everything_without_javascript(
-    lab: Lab, make_ct: Callable[..., Container], tmp_path: Path,
+    lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, tmp_path: Path,
 ) -> None:
     """With scripts off, the essentials are there: every section, every group and command, no filter bar
-    (it needs the script), no copy buttons."""
+    (it needs the script), no copy buttons. A second container's toolkit lost its nvcc (the package still
+    installed): Versions calls it no match, as Problems does."""
     browser = chromium()
-    broken = make_ct(setup=problem_case)
-    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(broken.ctid, {})])
-    html = tmp_path / "report.html"
-    audit = run_cli("audit", "-i", str(inventory), "--db", str(tmp_path / "a.db"), "--html", str(html))
+    broken, deleted = make_ct(setup=problem_case), make_ct(setup=problem_case)
+    install_toolkit(deleted, apt_repo, "12.8")
+    deleted.sh("rm /usr/local/cuda-12.8/bin/nvcc && dpkg-query -W cuda-nvcc-12-8 >/dev/null")
+    inventory = write_inventory(tmp_path / "inventory.yaml", lab, [(broken.ctid, {}), (deleted.ctid, {})])
+    html, db = tmp_path / "report.html", tmp_path / "a.db"
+    audit = run_cli("audit", "-i", str(inventory), "--db", str(db), "--html", str(html))
     assert audit.exit_code == 3
+    assert_versions_agree_with_problems(recorded_dashboard(db))
     page = html.read_text()
     nojs = tmp_path / "nojs.html"
     nojs.write_text(page.replace("<script>", '<script type="text/plain">', 1))  # never runs
@@ -138,6 +153,9 @@ def test_dashboard_renders_everything_without_javascript(
     assert "fleetfix apply playbooks/cuda-toolkit.yaml" in dom.text("fixes")
     assert all("hidden" in b for b in dom.find("button", "fixes"))
     assert "nojs-hide" in dom.find("form", "fleet")[0]["class"]
+    versions = dom.text("versions")
+    assert re.search(r"12\.8 12\.8 \(no nvcc\) \S+ .*✗ mismatch no nvcc for CUDA 12\.8", versions), versions
+    assert "toolkit matches" not in versions
 
 
 def test_the_dashboard_says_the_policy_changed_and_what_it_alone_changed(
@@ -152,6 +170,7 @@ def test_the_dashboard_says_the_policy_changed_and_what_it_alone_changed(
     audit = ["audit", "-i", str(inventory), "--db", str(db)]
     assert run_cli(*audit, "--policy", "policy.example.yaml").exit_code == 3
     assert run_cli(*audit, "--html", str(html)).exit_code == 3
+    assert_versions_agree_with_problems(recorded_dashboard(db))
     drift = Dom(dump_dom(browser, html.resolve().as_uri())).text("drift")
     assert "No change on the targets since run 1." in drift, drift
     assert re.search(r"policy changed: policy\.example\.yaml \(sha256 [0-9a-f]{12}…\) → built-in default "

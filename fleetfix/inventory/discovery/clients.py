@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fleetfix import boundedjson
-from fleetfix.errors import DiscoveryError, FleetfixError
+from fleetfix.errors import DiscoveryError, FleetfixError, one_line
 from fleetfix.guests import pve_types
 from fleetfix.inventory.discovery.model import Listing, ProxmoxSource, listing_from_records, merge_listings
 from fleetfix.target import Target
@@ -113,7 +113,7 @@ def _api_get(source: ProxmoxSource, client: Any, path: str, params: Mapping[str,
     except http.ConnectionError as exc:
         raise DiscoveryError(_scrub(f"{where}: cannot connect ({_connection_reason(exc)})", secret)) from None
     except http.RequestException as exc:
-        raise DiscoveryError(_scrub(f"{where}: request failed: {_one_line(exc)}", secret)) from None
+        raise DiscoveryError(_scrub(f"{where}: request failed: {one_line(exc)}", secret)) from None
     except Exception as exc:  # proxmoxer.core.ResourceException, without importing proxmoxer here
         code = getattr(exc, "status_code", None)
         if not isinstance(code, int):
@@ -123,19 +123,19 @@ def _api_get(source: ProxmoxSource, client: Any, path: str, params: Mapping[str,
 
 
 def _status_message(where: str, code: int, exc: BaseException, token_id: str, secret_from: str) -> str:
-    reason = _one_line(getattr(exc, "status_message", "") or "")
+    reason = one_line(getattr(exc, "status_message", "") or "")
     if code == 401:
         return (f"{where}: authentication failed (401 {reason}): check token_id {token_id!r} "
                 f"and the secret from {secret_from}")
     if code == 403:
         return (f"{where}: permission denied (403 {reason}): the token {token_id!r} lacks a privilege "
                 "(discovery needs VM.Audit; node addresses need /cluster/status or node_addresses)")
-    content = _one_line(getattr(exc, "content", "") or "")
+    content = one_line(getattr(exc, "content", "") or "")
     return f"{where}: HTTP {code} {reason}" + (f": {content[:200]}" if content else "")
 
 
 def _tls_reason(exc: BaseException) -> str:
-    text = _one_line(exc)
+    text = one_line(exc)
     marker = "certificate verify failed:"
     if marker in text:
         return text[text.index(marker):].split("(_ssl")[0].strip(" )")
@@ -145,16 +145,12 @@ def _tls_reason(exc: BaseException) -> str:
 
 
 def _connection_reason(exc: BaseException) -> str:
-    text = _one_line(exc)
+    text = one_line(exc)
     for known in ("Connection refused", "Name or service not known", "No route to host",
                   "Network is unreachable", "Temporary failure in name resolution"):
         if known in text:
             return known.lower()
     return text[-160:]
-
-
-def _one_line(value: object) -> str:
-    return " ".join(str(value).split())
 
 
 def _scrub(message: str, secret: str) -> str:
@@ -202,7 +198,7 @@ def _pvesh_listing(where: str, result: Any, timeout: float, pve_node: str, kind:
     if result.exit_code != 0:
         last = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         hint = " (is this a Proxmox VE node?)" if result.exit_code == 127 else ""
-        raise DiscoveryError(f"{where}: exit {result.exit_code}{hint}: {_one_line(last[0])[:200]}")
+        raise DiscoveryError(f"{where}: exit {result.exit_code}{hint}: {one_line(last[0])[:200]}")
     try:
         records = boundedjson.loads(result.stdout)
     except ValueError:

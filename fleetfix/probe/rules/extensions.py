@@ -42,7 +42,7 @@ MAMBA_NEEDS_BOTH = (
     "Mamba-family models (Mamba, Mamba2, FalconMamba, Jamba, Bamba, GraniteMoeHybrid) take transformers' "
     "fast path only with both mamba-ssm and causal-conv1d, and fall back to the slow reference path"
 )
-# Compiled modules a complete install may lack: since state-spaces/mamba PR #977 ("Make CUDA selective
+# Compiled modules a complete install may lack: since state-spaces/mamba#977 ("Make CUDA selective
 # scan install explicit opt-in", MAMBA_KEEP_CUDA_BUILD) mamba_ssm installs without selective_scan_cuda,
 # which only Mamba-1 needs; Mamba-2 runs on its Triton kernels (DOMAIN.md 3.2).
 OPTIONAL_COMPILED: frozenset[str] = frozenset({"mamba_ssm"})
@@ -53,7 +53,7 @@ def _cuda_of(env: PythonEnv) -> str | None:
 
 
 # pip 23.0.1 added --break-system-packages (its NEWS: "Implement --break-system-packages to permit
-# installing packages into EXTERNALLY-MANAGED Python installations", #11780); 23.0 enforced PEP 668
+# installing packages into EXTERNALLY-MANAGED Python installations", pypa/pip#11780); 23.0 enforced PEP 668
 # without it.
 BREAK_SYSTEM_PACKAGES_SINCE = (23, 0, 1)
 VENV = "/opt/torch-venv"
@@ -212,7 +212,8 @@ def extension_from_hub(ctx: Context) -> Iterator[Finding]:
 # causal-conv1d's setup.py compiles `arch=compute_103,code=sm_103` whenever nvcc >= 13.0 (read in the
 # 1.7.0 sdist, the newest release); nvcc 13.x miscompiles causal_conv1d_fwd/update for sm_103, which then
 # give wrong output on a B300 (Dao-AILab/causal-conv1d#105: max_abs_diff 0.4-0.6 in BF16, sm_100-only
-# builds bit-exact; the fix, #106, skips that gencode and was not in a release when last checked).
+# builds bit-exact; the fix, Dao-AILab/causal-conv1d#106, skips that gencode and was not in a release
+# when last checked).
 SM103_MISCOMPILE_FIXED_AFTER = (1, 7, 0)
 
 

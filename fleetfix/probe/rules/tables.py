@@ -33,8 +33,8 @@ CUDA13_DROPPED_BELOW = (7, 5)
 # NVIDIA apt repositories that start later than the CUDA releases torch wheels use: (distro, arch) ->
 # the oldest CUDA major.minor there. debian12: "With the release of CUDA 12.3, the new Linux
 # distribution Debian 12 has been added" (NVIDIA/nvidia-docker#1791). debian13: a new repository with a
-# new key (NVIDIA/cuda-repo-management#39), created in the 13.x era; NVIDIA's own thread #40 ("Debian13:
-# backport active branches to new repo") is about the older branches it lacks. Where this table is
+# new key (NVIDIA/cuda-repo-management#39), created in the 13.x era; NVIDIA/cuda-repo-management#40
+# ("Debian13: backport active branches to new repo") is about the older branches it lacks. Where this table is
 # silent, apt's own index (facts.apt.nvidia_index) or the playbook's pre-flight read of the repository
 # index decides: the table only picks which playbook the probe prescribes.
 REPO_OLDEST_CUDA: dict[tuple[str, str], tuple[int, int]] = {
@@ -145,7 +145,7 @@ def needs_open_kernel_module(cap: str | None, name: str | None) -> str | None:
 # Which CUDA builds each torch release ships, and the archs each build's kernels cover (x86_64 Linux).
 # pytorch/pytorch RELEASE.md "Release Compatibility Matrix" and "PyTorch CUDA Support Matrix" (2.12-2.14:
 # cu126 Maxwell(5.0)..Hopper(9.0); cu130 and cu132 Turing(7.5)..Blackwell(10.0, 12.0)); 2.11: cu126, cu128,
-# cu130, cu128 without Volta from 2.11 on (pytorch#172352, PR #175253: "12.8.1 | Turing(7.5) ...
+# cu130, cu128 without Volta from 2.11 on (pytorch#172352, pytorch#175253: "12.8.1 | Turing(7.5) ...
 # Blackwell(10.0, 12.0)"); 2.12 has no cu128 (its stable builds: 12.6, 13.0; 13.2 experimental), 2.14
 # ships 12.6, 13.0 and 13.2 (pytorch#190355). Checked on the real wheels: 2.11.0+cu130 (PyPI) and
 # 2.14.1+cu130 both say `sm_75 sm_80 sm_86 sm_90 sm_100 sm_120` in libtorch_python.so, and cuobjdump

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetfix.audit.dashboard import STACK_CODES, TOOLKIT_CODES, Dashboard
 from fleetfix.errors import ConnectError
 from fleetfix.fleet import Fleet
 from fleetfix.probe import Finding, Fix, Severity
@@ -87,3 +88,20 @@ class FakeWorld:
 def finding(code: str, severity: str = "error", **evidence: Any) -> Finding:
     return Finding(code=code, severity=Severity(severity), summary=f"{code} summary", evidence=evidence,
                    fix=Fix(hint="do the thing"))
+
+
+def assert_versions_agree_with_problems(dash: Dashboard) -> None:
+    """Every target's Versions row says what its Problems group says of its version stack: the same worst
+    severity, and no "toolkit matches" for a CUDA a toolkit finding is about."""
+    group_of = {t.name: g for g in dash.groups for t in g.targets}
+    rows = [(name, row) for row in dash.versions.rows for name in row.targets]
+    probed = [t.name for g in dash.groups if g.health not in ("unreachable", "failed") for t in g.targets]
+    assert sorted(name for name, _ in rows) == sorted(probed)  # every probed target has its row
+    for name, row in rows:
+        stack = [f for f in group_of[name].findings if f.code in STACK_CODES]
+        severities = {f.severity for f in stack}
+        expected = "error" if "error" in severities else "warning" if "warning" in severities else None
+        assert row.verdict == expected if expected else row.verdict in ("ok", "unknown"), (name, row)
+        for finding in stack:
+            if finding.code in TOOLKIT_CODES and finding.evidence.get("torch_cuda"):
+                assert f"toolkit matches CUDA {finding.evidence['torch_cuda']}" not in row.note, (name, row)

@@ -9,10 +9,20 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from audit_testkit import FakeWorld, edited, interrupt_dpkg, load_fixture, make_target
+from audit_testkit import (
+    FakeWorld,
+    assert_versions_agree_with_problems,
+    edited,
+    interrupt_dpkg,
+    load_fixture,
+    make_target,
+)
 
 from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, RunInfo, StoredRun, TargetResult, run_audit
 from fleetfix.audit.dashboard import (
+    DRIVER_CODES,
+    STACK_CODES,
+    TOOLKIT_CODES,
     build_dashboard,
     fix_commands,
     grid_rows,
@@ -23,7 +33,8 @@ from fleetfix.audit.dashboard import (
 )
 from fleetfix.audit.drift import compute_drift
 from fleetfix.audit.model import History, TrendPoint
-from fleetfix.probe import Finding, Fix, Severity
+from fleetfix.probe import Facts, Finding, Fix, NodeFacts, Severity, diagnose
+from fleetfix.probe.rules import CODES
 from fleetfix.terminal import has_control, safe, safe_line
 
 TOOLKIT_FIX = Fix(playbook="playbooks/cuda-toolkit.yaml", vars={"cuda_version": "12.8"},
@@ -160,44 +171,89 @@ def test_the_sanitiser_shows_control_bidi_and_line_separators_as_escapes() -> No
 
 
 def facts(cuda: str | None, toolkits: tuple[str, ...], *, driver: str | None = None,
-          gpus: tuple[str, ...] = ()) -> dict[str, Any]:
+          gpus: tuple[str, ...] = (), without_nvcc: tuple[str, ...] = ()) -> dict[str, Any]:
+    """problem_case's facts with torch's CUDA, the /usr/local toolkits (those in without_nvcc: the
+    directory still there, its nvcc deleted), the driver and the GPUs replaced."""
     data = copy.deepcopy(load_fixture("problem_case"))
     data["pythons"][0]["torch"]["cuda"] = cuda
-    data["cuda"]["toolkits"] = [{"path": f"/usr/local/cuda-{v}", "version": v} for v in toolkits]
+    data["cuda"]["toolkits"] = [
+        {"path": f"/usr/local/cuda-{v}", "version": v,
+         "nvcc": None if v in without_nvcc else f"/usr/local/cuda-{v}/bin/nvcc",
+         "release": None if v in without_nvcc else f"V{v}.1"}
+        for v in toolkits]
     data["gpu"].update(driver_version=driver, names=list(gpus))
     return data
 
 
+def probed(name: str, data: dict[str, Any], node_facts: dict[str, Any] | None = None) -> TargetResult:
+    """A target as an audit records it: the rules' findings on its facts."""
+    node = NodeFacts.model_validate(node_facts) if node_facts else None
+    return ok(name, *diagnose(Facts.model_validate(data), node), facts=data, node_facts=node_facts)
+
+
 def test_version_matrix_counts_stacks_and_flags_mismatches() -> None:
     results = [
-        ok("pve1/1", facts=facts("12.8", ("12.8",), driver="570.124.06", gpus=("NVIDIA H200",))),
-        ok("pve1/2", facts=facts("12.8", ("12.8",), driver="570.124.06", gpus=("NVIDIA H200",) * 2)),
-        ok("pve3/1", facts=facts("12.8", ("12.4",), driver="570.124.06")),
-        ok("pve3/2", facts=facts("12.8", ("12.4",), driver="570.124.06")),
-        ok("pve3/3", facts=facts("12.8", ("12.8",), driver="570.124.06")),
-        ok("pve4/1", facts=facts("12.8", ("13.0", "12.8")),
-           node_facts={"kernel_module_version": "470.82.01"}),
-        ok("pve5/1", facts=facts("12.8", ())),
-        ok("pve6/1", facts=facts(None, ())),
+        probed("pve1/1", facts("12.8", ("12.8",), driver="570.124.06", gpus=("NVIDIA H200",))),
+        probed("pve1/2", facts("12.8", ("12.8",), driver="570.124.06", gpus=("NVIDIA H200",) * 2)),
+        probed("pve3/1", facts("12.8", ("12.4",), driver="570.124.06")),
+        probed("pve3/2", facts("12.8", ("12.4",), driver="570.124.06")),
+        probed("pve3/3", facts("12.8", ("12.8",), driver="570.124.06")),
+        probed("pve4/1", facts("12.8", ("13.0", "12.8")), {"kernel_module_version": "470.82.01"}),
+        probed("pve5/1", facts("12.8", ())),
+        probed("pve6/1", facts(None, ())),
         TargetResult("pve7/1", "pve7", None, "unreachable"),
     ]
     matrix = version_matrix(results)
     rows = {(r.torch_cuda, r.toolkits, r.driver): r for r in matrix.rows}
     assert rows[("12.8", "12.4", "570.124.06")].verdict == "warning"
     assert rows[("12.8", "12.4", "570.124.06")].nodes == (("pve3", 2),)
-    assert "minor mismatch" in rows[("12.8", "12.4", "570.124.06")].note
+    assert rows[("12.8", "12.4", "570.124.06")].note == "minor mismatch: nvcc 12.4 for CUDA 12.8"
     healthy = rows[("12.8", "12.8", "570.124.06")]
     assert healthy.verdict == "ok" and healthy.targets == ("pve1/1", "pve1/2", "pve3/3")
+    assert healthy.note == "toolkit matches CUDA 12.8"
     assert healthy.gpus == (("NVIDIA H200", 1), ("2 x NVIDIA H200", 1), ("none visible", 1))
     # The node's own kernel module wins over what the container saw, and is checked against CUDA 12.
     old = rows[("12.8", "13.0 + 12.8", "470.82.01")]
-    assert old.verdict == "error" and "driver 470.82.01 too old for CUDA 12" in old.note
-    assert rows[("12.8", "none", "unknown")].note == "no toolkit for CUDA 12.8"
+    assert old.verdict == "error" and "driver 470.82.01 too old for CUDA 12 (needs ≥ 525)" in old.note
+    assert rows[("12.8", "none", "unknown")].note == "no nvcc for CUDA 12.8"
     assert rows[("CPU build", "none", "unknown")].verdict == "ok"
     assert matrix.unprobed == 1
     assert [r.verdict for r in matrix.rows][:3] == ["error", "error", "warning"]  # mismatches first
     assert matrix.pivot[("12.8", "12.8")] == (3, "ok") and matrix.pivot[("12.8", "12.4")] == (2, "warning")
     assert matrix.torch_versions == ("12.8", "CPU build")
+    assert_versions_agree_with_problems(build_dashboard(audit_run(*results)))
+
+
+def test_a_toolkit_whose_nvcc_was_deleted_is_no_match_in_versions_as_in_problems() -> None:
+    """The nvcc deleted, the toolkit's package (and directory) still there: the rules find no nvcc, and
+    the Versions view says so rather than "toolkit matches CUDA 12.8"."""
+    result = probed("pve1/1", facts("12.8", ("12.8",), driver="570.124.06", without_nvcc=("12.8",)))
+    assert [f.code for f in result.findings if f.code in STACK_CODES] == ["CUDA_RUNTIME_WITHOUT_TOOLKIT"]
+    dash = build_dashboard(audit_run(result))
+    [row] = dash.versions.rows
+    assert (row.toolkits, row.verdict, row.note) == ("12.8 (no nvcc)", "error", "no nvcc for CUDA 12.8")
+    assert dash.versions.pivot[("12.8", "12.8 (no nvcc)")] == (1, "error")
+    assert_versions_agree_with_problems(dash)
+
+
+def test_versions_read_the_findings_after_the_policy() -> None:
+    """Severity overridden or code ignored by the policy: Versions follows what Problems shows."""
+    data = facts("12.8", ("12.4",), driver="570.124.06")
+    [minor] = [f for f in probed("t", data).findings if f.code == "CUDA_TOOLKIT_MINOR_MISMATCH"]
+    raised = ok("pve1/1", minor.model_copy(update={"severity": Severity.ERROR}), facts=data)
+    dropped = TargetResult("pve1/2", "pve1", None, "ok", facts=data, ignored=("CUDA_TOOLKIT_MINOR_MISMATCH",))
+    dash = build_dashboard(audit_run(raised, dropped))
+    rows = {r.targets: r for r in dash.versions.rows}
+    assert (rows[("pve1/1",)].verdict, rows[("pve1/1",)].note) == (
+        "error", "minor mismatch: nvcc 12.4 for CUDA 12.8")
+    assert (rows[("pve1/2",)].verdict, rows[("pve1/2",)].note) == (
+        "ok", "CUDA_TOOLKIT_MINOR_MISMATCH ignored by policy")
+    assert_versions_agree_with_problems(dash)
+
+
+def test_the_stack_codes_are_the_rules_codes() -> None:
+    assert set(STACK_CODES) <= set(CODES)
+    assert set(TOOLKIT_CODES) | set(DRIVER_CODES) == set(STACK_CODES)
 
 
 # ---------------------------------------------------------------- drift and trend

@@ -9,14 +9,24 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from audit_testkit import finding
 
 from fleetfix.audit import AuditStore, TargetResult, default_db_path
-from fleetfix.audit.store import MIGRATIONS, SCHEMA_VERSION, migrate
-from fleetfix.errors import ConfigError
+from fleetfix.audit.store import (
+    CORRUPT,
+    FULL,
+    LOCKED,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    describe_failure,
+    failure_kind,
+    migrate,
+)
+from fleetfix.errors import ConfigError, StoreError
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[2]
@@ -261,3 +271,90 @@ def test_v3_database_gets_since_backfilled_from_its_history(tmp_path: Path) -> N
     with AuditStore(path) as store:
         assert store.since(3) == {("pve1/200", "DPKG_INTERRUPTED"): 100.0, ("pve1/200", "DISK_LOW"): 300.0}
         assert store.since(1) == {("pve1/200", "DPKG_INTERRUPTED"): 100.0}
+
+
+# ---------------------------------------------------------------- SQLite's failures, by result code
+
+
+def raised(action: Callable[[], object]) -> sqlite3.Error:
+    with pytest.raises(sqlite3.Error) as caught:
+        action()
+    return caught.value
+
+
+def test_a_busy_database_is_locked_by_its_code(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with AuditStore(db):
+        pass
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN EXCLUSIVE")  # another process writing
+    try:
+        other = sqlite3.connect(db, timeout=0, isolation_level=None)
+        error = raised(lambda: other.execute("BEGIN IMMEDIATE"))
+        other.close()
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert (error.sqlite_errorname, failure_kind(error)) == ("SQLITE_BUSY", LOCKED)
+    assert "locked by another process" in str(describe_failure(db, error))
+
+
+def test_a_full_database_is_full_by_its_code(tmp_path: Path) -> None:
+    """SQLITE_FULL for real: the database may not grow past the pages it has (as on a full disk)."""
+    db = tmp_path / "a.db"
+    with AuditStore(db) as store:
+        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(StoreError, match=r"^\S+a\.db: the disk is full: the audit database cannot be "
+                                             r"written \(database or disk is full\)$"):
+            store.start_run({"padding": "x" * 100_000})
+        error = raised(lambda: store._conn.execute("INSERT INTO runs (started, status, args) VALUES "
+                                                   "(0, 'incomplete', ?)", ("x" * 100_000,)))
+    assert (error.sqlite_errorname, failure_kind(error)) == ("SQLITE_FULL", FULL)
+
+
+def test_a_damaged_file_is_corrupt_by_its_code(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with AuditStore(db) as store:
+        store.finish_run(store.start_run({}))
+        page_size = store._conn.execute("PRAGMA page_size").fetchone()[0]
+    with db.open("r+b") as raw:  # the tables' pages trashed, the schema kept
+        raw.seek(page_size)
+        raw.write(b"\xff" * page_size * 3)
+    conn = sqlite3.connect(db)
+    malformed = raised(lambda: conn.execute("SELECT * FROM runs").fetchall())
+    conn.close()
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"\x00garbage" * 1000)
+    conn = sqlite3.connect(junk)
+    not_a_db = raised(lambda: conn.execute("SELECT * FROM sqlite_master").fetchall())
+    conn.close()
+    assert (malformed.sqlite_errorname, failure_kind(malformed)) == ("SQLITE_CORRUPT", CORRUPT)
+    assert (not_a_db.sqlite_errorname, failure_kind(not_a_db)) == ("SQLITE_NOTADB", CORRUPT)
+    assert "audit database is corrupt" in str(describe_failure(db, not_a_db))
+
+
+def test_any_other_failure_is_said_as_sqlite_says_it(tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with AuditStore(db):
+        pass
+    with AuditStore(db, readonly=True) as store:
+        with pytest.raises(StoreError, match=r"audit database error: attempt to write a readonly database$"):
+            store.start_run({})
+        readonly = raised(lambda: store._conn.execute("DELETE FROM runs"))
+    assert readonly.sqlite_errorname == "SQLITE_READONLY" and failure_kind(readonly) is None
+    closed = sqlite3.connect(":memory:")
+    closed.close()
+    no_code = raised(lambda: closed.execute("SELECT 1"))  # the module's own error: no SQLite code
+    assert failure_kind(no_code) is None
+    assert str(describe_failure(db, no_code)).endswith("audit database error: Cannot operate on a closed "
+                                                       "database.")
+
+
+def test_the_code_decides_not_the_wording(tmp_path: Path) -> None:
+    """A message that happens to say "locked" or "full" is not taken for those failures."""
+    error = sqlite3.IntegrityError("UNIQUE constraint failed: locked.full")
+    error.sqlite_errorcode = sqlite3.SQLITE_CONSTRAINT_UNIQUE
+    assert failure_kind(error) is None
+    assert str(describe_failure(tmp_path, error)).endswith("audit database error: UNIQUE constraint failed: "
+                                                           "locked.full")

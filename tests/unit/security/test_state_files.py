@@ -81,15 +81,15 @@ def test_a_file_that_is_not_a_database_is_one_line(tmp_path: Path) -> None:
     assert "cannot open audit database" in one_line(fleetfix("audit", "history", "--db", str(junk)), 2)
 
 
-def test_a_full_disk_is_one_line() -> None:
-    class Full(sqlite3.OperationalError):
-        pass
-
-    from fleetfix.audit.store import describe_failure
-
-    error = describe_failure(Path("/state/audit.db"), Full("database or disk is full"))
-    assert str(error).startswith("/state/audit.db: the disk is full")
-    assert error.exit_code == 1
+def test_a_full_disk_is_one_line(tmp_path: Path) -> None:
+    db = tmp_path / "audit.db"
+    with AuditStore(db) as store:
+        pages = store._conn.execute("PRAGMA page_count").fetchone()[0]
+        store._conn.execute(f"PRAGMA max_page_count = {pages}")  # SQLITE_FULL, as on a full disk
+        with pytest.raises(StoreError) as caught:
+            store.start_run({"padding": "x" * 100_000})
+    assert str(caught.value).startswith(f"{db}: the disk is full")
+    assert caught.value.exit_code == 1
 
 
 def test_files_are_private_whatever_the_umask(tmp_path: Path) -> None:
