@@ -7,7 +7,7 @@
 #                                      start it in the background, write the inventory, print how to use it;
 #                                      --real-torch adds CT 203 train-cu130 with the real torch 2.14.1 (CUDA
 #                                      13.0) and puts the real nvcc 13.0 in the repo (needs /usr/local/cuda-13.0);
-#                                      VM 300 train-vm is a real QEMU guest (TCG, real qemu-guest-agent) where
+#                                      VM 300 gpu-vm is a real QEMU guest (TCG, real qemu-guest-agent) where
 #                                      QEMU can run here (qemu-system-x86, qemu-utils, libc6-dev, e2fsprogs,
 #                                      debootstrap), else the stand-in VM; --vm chooses
 #   scripts/lab.sh status              show where it is and whether sshd, the repo and the VM's agent answer

@@ -15,7 +15,7 @@ docs/testbed.md):
     CT 202 infer-a   healthy: the matching toolkit and a built causal_conv1d (left out with --no-healthy)
     CT 203 train-cu130  with --real-torch: the real torch 2.14.1 (CUDA 13.0 build) in a venv, no toolkit;
                      the repo then also carries the real nvcc 13.0, so extensions really compile there
-    VM 300 train-vm  the problem case in a VM, reached only through its guest agent (`qm guest exec`):
+    VM 300 gpu-vm    the problem case in a VM, reached only through its guest agent (`qm guest exec`):
                      a real QEMU guest (tests/lab/qemuvm.py: its own kernel under TCG, Debian's
                      qemu-guest-agent) where QEMU can run here, else the stand-in VM (tests/lab/vm.py);
                      --vm real|stand-in chooses. The real one reaches the repo through QEMU's user network
@@ -104,7 +104,7 @@ class LabVm:
     kind: str  # VM_REAL | VM_STAND_IN
 
 
-LAB_VM_ID, LAB_VM_NAME, LAB_VM_TAGS = 300, "train-vm", ("vm",)
+LAB_VM_ID, LAB_VM_NAME, LAB_VM_TAGS = 300, "gpu-vm", ("vm",)
 
 
 def vm_kind(requested: str = "auto") -> str:
