@@ -42,6 +42,10 @@ def lab_processes(lab_dir: Path) -> list[str]:
     return found
 
 
+def running_line(printed: str) -> str:
+    return next(line for line in printed.splitlines() if line.startswith("fleetfix lab running"))
+
+
 def fleetfix_in_lab(exports: str, command: str) -> subprocess.CompletedProcess[str]:
     """A fleetfix command line as the user types it, after `eval "$(scripts/lab.sh env)"`."""
     return subprocess.run(["bash", "-c", f"{exports}\n{sys.executable} -m fleetfix {command}"],
@@ -64,7 +68,7 @@ def test_up_status_env_probe_down(tmp_path: Path) -> None:
             assert any("qemu-system-x86_64" in argv for argv in lab_processes(lab_dir))
 
         again = lab_sh(lab_dir, "up", "--no-healthy")  # idempotent: describes the running lab
-        assert again.returncode == 0 and up.stdout.splitlines()[0] == again.stdout.splitlines()[0]
+        assert again.returncode == 0 and running_line(up.stdout) == running_line(again.stdout)
 
         status = lab_sh(lab_dir, "status")
         assert status.returncode == 0, status.stdout + status.stderr
