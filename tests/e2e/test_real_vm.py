@@ -24,6 +24,7 @@ from tests.conftest import in_ci
 from tests.e2e.conftest import host_args, run_cli
 from tests.e2e.scenarios import problem_case
 from tests.e2e.test_real_lxc import failed_steps
+from tests.e2e.test_snapshots import FAILING
 from tests.lab import qemuvm
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
@@ -107,6 +108,24 @@ def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing
     assert (rerun["status"], rerun["counts"]["changed"]) == ("ok", 0)
     reprobed = run_cli("probe", *targets, "--json", timeout=600).json()["targets"][0]
     assert not TOOLKIT_CODES & findings(reprobed)
+
+
+def test_a_failed_apply_is_rolled_back_to_the_disks_snapshot_and_the_vm_boots_again(
+    lab: Lab, real_vm: QemuVM, tmp_path: Path,
+) -> None:
+    # `qm snapshot` of the running VM (an internal qcow2 snapshot, its file systems frozen through the
+    # agent), then `qm rollback --start 1`: the disk as it was, and a fresh boot of it.
+    real_vm.write_file("/etc/lab-state", "before\n")
+    book = tmp_path / "book.yaml"
+    book.write_text(FAILING)
+    result = run_cli("apply", str(book), *vm_args(lab, VMID), "--state-dir", str(tmp_path / "state"),
+                     "--rollback-on-failure", timeout=900)
+    assert result.exit_code == 1, result.stdout + result.stderr
+    assert "rolled back to fleetfix-" in result.stdout.split("PLAY RECAP")[1]
+    assert real_vm.running and real_vm.agent_running()
+    state = real_vm.sh("cat /etc/lab-state; ls /etc/fleetfix-marker /etc/fleetfix-second", check=False)
+    assert state.stdout == b"before\n", state  # what the failed apply wrote is gone
+    assert state.stderr.count(b"No such file or directory") == 2, state
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -1,19 +1,25 @@
 """The local lab behind `scripts/lab.sh`: the test bed, kept running in the background for a person to try
 every command of the README and docs/quickstart.md against.
 
-    python3 -m tests.lab.cli up [--no-healthy] [--real-torch]   # start (daemonised), write the inventory
+    python3 -m tests.lab.cli up [--no-healthy] [--real-torch] [--vm K]   # start (daemonised), write inventory
     python3 -m tests.lab.cli status              # is it running, and where
     python3 -m tests.lab.cli env                 # `export LAB_INVENTORY=... REPO_BASE=...` lines, for eval
     python3 -m tests.lab.cli down                # stop everything it started, remove its state
 
-What runs: one Proxmox-like node "pve1" (OpenSSH sshd on 127.0.0.2, with the `pct`/`pvesh` stand-ins), three
-LXC-like containers on it, and a signed NVIDIA-style apt repository on 127.0.0.1 (see docs/testbed.md):
+What runs: one Proxmox-like node "pve1" (OpenSSH sshd on 127.0.0.2, with the `pct`/`qm`/`pvesh` stand-ins),
+three LXC-like containers and one VM on it, and a signed NVIDIA-style apt repository on 127.0.0.1 (see
+docs/testbed.md):
 
     CT 200 train-a   the problem case: torch 2.11.0+cu128, fla, no causal_conv1d, no nvcc, no NVIDIA repo
     CT 201 train-b   the same
     CT 202 infer-a   healthy: the matching toolkit and a built causal_conv1d (left out with --no-healthy)
     CT 203 train-cu130  with --real-torch: the real torch 2.14.1 (CUDA 13.0 build) in a venv, no toolkit;
                      the repo then also carries the real nvcc 13.0, so extensions really compile there
+    VM 300 gpu-vm    the problem case in a VM, reached only through its guest agent (`qm guest exec`):
+                     a real QEMU guest (tests/lab/qemuvm.py: its own kernel under TCG, Debian's
+                     qemu-guest-agent) where QEMU can run here, else the stand-in VM (tests/lab/vm.py);
+                     --vm real|stand-in chooses. The real one reaches the repo through QEMU's user network
+                     (GUEST_FORWARD_ADDRESS), so its inventory entry carries its own cuda_repo_base.
 
 --real-torch needs this machine's /usr/local/cuda-13.0 (packaged into the repo's cuda-*-13-0 debs) and
 builds two caches the e2e tests share: the torch venv (/opt/fleetfix-torch-2.14.1, ~1 min from the local
@@ -22,8 +28,9 @@ package index) and the repo (/opt/fleetfix-test-cache/aptrepo, a few minutes the
 Everything lives under the lab directory ($FLEETFIX_LAB_DIR, default /var/lib/fleetfix-lab): the
 inventory, the client key, known_hosts, the node and container state, `lab.pid` and `lab.json`. The
 `serve` process owns it all; `down` sends it SIGTERM and it tears down what it started. If it died hard,
-`down` still stops the containers and sshd by the PIDs recorded in the state, then removes the directory.
-Containers and sshd keep their mounts in private mount namespaces, so stopping them leaves no mount behind.
+`down` still stops the containers, the VM (QEMU too) and sshd by the PIDs recorded in the state, then
+removes the directory. Containers and sshd keep their mounts in private mount namespaces, so stopping
+them leaves no mount behind.
 
 `build_lab` is also what tests/e2e/test_docs_tutorial.py uses, so the docs are checked against this lab.
 """
@@ -41,9 +48,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tests.lab import qemuvm
+from tests.lab import vm as vmlib
 from tests.lab.aptrepo import REAL_CUDA_13_0, AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.container import Container, NodeState
@@ -54,6 +63,8 @@ DEFAULT_LAB_DIR = Path("/var/lib/fleetfix-lab")
 LAB_DIR_ENV = "FLEETFIX_LAB_DIR"
 START_TIMEOUT = 180.0  # seconds `up` waits for the lab (a first start builds the repo: a few seconds)
 REAL_TORCH_START_TIMEOUT = 1800.0  # a first --real-torch start also builds the torch venv and the 13.0 debs
+# A real VM boots under TCG (slow on a busy machine: qemuvm.BOOT_TIMEOUT) and a first start builds its image.
+REAL_VM_START_TIMEOUT = 900.0
 STOP_TIMEOUT = 30.0
 
 
@@ -74,6 +85,35 @@ HEALTHY_CONTAINER = LabContainer(202, "infer-a", ("inference",), "healthy")
 REAL_TORCH_CONTAINER = LabContainer(
     203, "train-cu130", ("real-torch",), "real-torch", python=str(venv_path() / "bin" / "python")
 )
+
+
+# The lab's VM: which kind runs it, and the words `up` and `status` use for each.
+VM_REAL = "real"
+VM_STAND_IN = "stand-in"
+VM_KINDS = {
+    VM_REAL: "real QEMU VM: its own kernel under TCG, Debian's qemu-guest-agent",
+    VM_STAND_IN: "stand-in VM: a namespace guest behind the bed's guest-agent stand-in",
+}
+
+
+@dataclass(frozen=True)
+class LabVm:
+    vmid: int
+    name: str
+    tags: tuple[str, ...]
+    kind: str  # VM_REAL | VM_STAND_IN
+
+
+LAB_VM_ID, LAB_VM_NAME, LAB_VM_TAGS = 300, "gpu-vm", ("vm",)
+
+
+def vm_kind(requested: str = "auto") -> str:
+    """The kind of VM the lab gets: the real one where QEMU can run here, unless a kind is asked for."""
+    if requested != "auto":
+        return requested
+    return VM_REAL if qemuvm.unavailable_reason() is None else VM_STAND_IN
+
+
 # A small CUDA extension of our own (one .cu kernel) that compiles in about a minute on 2 cores; the
 # real-torch container gets its source at TINY_EXTENSION_IN_CT.
 TINY_EXTENSION_SOURCE = REPO_ROOT / "tests" / "fixtures" / "extensions" / "fleetfix-tiny-ext"
@@ -91,6 +131,7 @@ class LabInfo:
     node_address: str
     node_port: int
     containers: list[str]
+    vms: list[str] = field(default_factory=list)
 
     def exports(self) -> str:
         return f"export LAB_INVENTORY={self.inventory}\nexport REPO_BASE={self.repo_base}\n"
@@ -103,6 +144,7 @@ class RunningLab:
     repo: AptRepo
     inventory: Path
     containers: tuple[LabContainer, ...]
+    vms: tuple[LabVm, ...] = ()
 
     def close(self) -> None:
         try:
@@ -116,7 +158,7 @@ def lab_containers(healthy: bool, real_torch: bool = False) -> tuple[LabContaine
             + ((REAL_TORCH_CONTAINER,) if real_torch else ()))
 
 
-def prerequisite_problems(healthy: bool, real_torch: bool = False) -> list[str]:
+def prerequisite_problems(healthy: bool, real_torch: bool = False, vm: str | None = None) -> list[str]:
     """What this machine lacks for the lab, each with the package that provides it."""
     problems = [] if os.geteuid() == 0 else ["run as root (sshd on loopback, namespaces, overlay mounts)"]
     tools = {
@@ -132,6 +174,10 @@ def prerequisite_problems(healthy: bool, real_torch: bool = False) -> list[str]:
             problems.append(f"{tool} is missing: apt-get install {package}")
     if real_torch and not (REAL_CUDA_13_0 / "bin" / "nvcc").is_file():
         problems.append(f"{REAL_CUDA_13_0}/bin/nvcc is missing: --real-torch packages that CUDA 13.0")
+    if vm == VM_REAL:
+        reason = qemuvm.unavailable_reason()
+        if reason is not None:
+            problems.append(f"{reason} (or pass --vm stand-in)")
     return problems
 
 
@@ -143,7 +189,13 @@ def add_tiny_extension_source(ct: Container) -> None:
                           source.read_bytes())
 
 
-def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[LabContainer]) -> Path:
+def guest_repo_base(repo: AptRepo) -> str:
+    """The repository's URL as a real VM reaches it: QEMU's guestfwd relay, not this machine's loopback."""
+    return repo.base_url.replace(f"//{repo.host}:", f"//{qemuvm.GUEST_FORWARD_ADDRESS}:", 1)
+
+
+def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[LabContainer],
+                    vms: Sequence[LabVm] = ()) -> Path:
     """The lab's inventory; key and known_hosts paths are relative to it (the inventory's folder)."""
     node = lab.node("pve1")
     lines = [
@@ -165,13 +217,26 @@ def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[La
     for ct in containers:
         extra = f", vars: {{python: {ct.python}}}" if ct.python else ""
         lines.append(f"      - {{ctid: {ct.ctid}, name: {ct.name}, tags: [{', '.join(ct.tags)}]{extra}}}")
+    if vms:
+        lines.append("    vms:")
+    for machine in vms:
+        extra = ""
+        if machine.kind == VM_REAL:
+            lines.append(f"      # {VM_KINDS[VM_REAL]}; it reaches the mirror through QEMU's user network")
+            extra = f", vars: {{cuda_repo_base: {guest_repo_base(repo)}}}"
+        else:
+            lines.append(f"      # {VM_KINDS[VM_STAND_IN]}")
+        lines.append(f"      - {{vmid: {machine.vmid}, name: {machine.name}, "
+                     f"tags: [{', '.join(machine.tags)}]{extra}}}")
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def build_lab(root: Path, *, healthy: bool = True, real_torch: bool = False) -> RunningLab:
-    """Start node, repo and containers under root; write root/inventory.yaml. The caller closes it.
-    real_torch: also the train-cu130 container, and a repo with the real nvcc 13.0 (both cached in /opt)."""
+def build_lab(root: Path, *, healthy: bool = True, real_torch: bool = False,
+              vm: str | None = VM_STAND_IN) -> RunningLab:
+    """Start node, repo, containers and VM under root; write root/inventory.yaml. The caller closes it.
+    real_torch: also the train-cu130 container, and a repo with the real nvcc 13.0 (both cached in /opt).
+    vm: VM_REAL (a QEMU guest: booting it takes a while), VM_STAND_IN, or None for no VM."""
     # Imported here: scenarios lives with the e2e tests; only the lab needs it.
     from tests.e2e.scenarios import healthy as make_healthy
     from tests.e2e.scenarios import problem_case
@@ -186,7 +251,8 @@ def build_lab(root: Path, *, healthy: bool = True, real_torch: bool = False) -> 
     except BaseException:
         repo.stop()
         raise
-    running = RunningLab(lab, repo, root / "inventory.yaml", lab_containers(healthy, real_torch))
+    vms = (LabVm(LAB_VM_ID, LAB_VM_NAME, LAB_VM_TAGS, vm),) if vm else ()
+    running = RunningLab(lab, repo, root / "inventory.yaml", lab_containers(healthy, real_torch), vms)
     setups = {
         "problem": problem_case,
         "healthy": lambda c: make_healthy(c, repo, root / "stub-cache"),
@@ -197,7 +263,13 @@ def build_lab(root: Path, *, healthy: bool = True, real_torch: bool = False) -> 
             setup = setups[ct.scenario]
             share = (str(venv_path()),) if ct.scenario == "real-torch" else ()
             lab.add_container("pve1", ct.ctid, name=ct.name, tags=ct.tags, setup=setup, share=share)
-        write_inventory(running.inventory, lab, repo, running.containers)
+        for machine in running.vms:
+            if machine.kind == VM_REAL:
+                lab.add_qemu_vm("pve1", machine.vmid, name=machine.name, forwards=(repo.port,),
+                                setup=problem_case)
+            else:
+                lab.add_vm("pve1", machine.vmid, name=machine.name, tags=machine.tags, setup=problem_case)
+        write_inventory(running.inventory, lab, repo, running.containers, running.vms)
     except BaseException:
         running.close()
         raise
@@ -228,7 +300,7 @@ def _is_lab_process(pid: int, root: Path) -> bool:
     return b"tests.lab.cli" in argv and b"serve" in argv and str(root).encode() in argv
 
 
-def serve(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
+def serve(root: Path, *, healthy: bool, real_torch: bool = False, vm: str = VM_STAND_IN) -> int:
     """Foreground: build the lab, publish lab.json, idle until SIGTERM/SIGINT/SIGHUP, then tear down."""
     paths = _paths(root)
     _atomic_write(paths["pid"], f"{os.getpid()}\n")
@@ -240,13 +312,14 @@ def serve(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, request_stop)
-    running = build_lab(root, healthy=healthy, real_torch=real_torch)
+    running = build_lab(root, healthy=healthy, real_torch=real_torch, vm=vm)
     try:
         node = running.lab.node("pve1")
         info = LabInfo(
             pid=os.getpid(), lab_dir=str(root), inventory=str(running.inventory),
             repo_base=running.repo.base_url, node_address=node.address, node_port=node.port,
             containers=[f"{ct.ctid} {ct.name} ({ct.scenario})" for ct in running.containers],
+            vms=[f"{vm.vmid} {vm.name} (problem; {VM_KINDS[vm.kind]})" for vm in running.vms],
         )
         _atomic_write(paths["info"], json.dumps(asdict(info), indent=2) + "\n")
         print(f"lab ready: {info.inventory}", flush=True)
@@ -280,6 +353,7 @@ def _port_open(address: str, port: int) -> bool:
 
 def describe(info: LabInfo) -> str:
     containers = "".join(f"    CT {line}\n" for line in info.containers)
+    containers += "".join(f"    VM {line}\n" for line in info.vms)
     return (
         f"fleetfix lab running (pid {info.pid}), state in {info.lab_dir}\n"
         f"  node pve1: ssh root@{info.node_address} -p {info.node_port}\n"
@@ -293,7 +367,7 @@ def describe(info: LabInfo) -> str:
     )
 
 
-def up(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
+def up(root: Path, *, healthy: bool, real_torch: bool = False, vm: str = "auto") -> int:
     pid = _read_pid(root)
     if pid is not None and _is_lab_process(pid, root):
         info = _read_info(root)
@@ -302,7 +376,7 @@ def up(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
     if root.exists() and any(root.iterdir()):
         # A previous lab that died without `down`: clean it up before reusing the directory.
         _teardown_leftovers(root)
-    problems = prerequisite_problems(healthy, real_torch)
+    problems = prerequisite_problems(healthy, real_torch, vm)
     if problems:
         print("the lab cannot start here:\n" + "".join(f"  - {p}\n" for p in problems), file=sys.stderr)
         return 2
@@ -316,6 +390,11 @@ def up(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
         argv.append("--real-torch")
         print("starting the lab with --real-torch: the first start builds the torch venv and the CUDA 13.0 "
               "debs (minutes)", flush=True)
+    kind = vm_kind(vm)
+    argv += ["--vm", kind]
+    if kind == VM_REAL:
+        print(f"starting the lab with a {VM_KINDS[VM_REAL]} (VM 300 boots in a minute or so; a first start "
+              "also builds its image, minutes; `--vm stand-in` starts at once)", flush=True)
     python_path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "PYTHONPATH": python_path}
     with paths["log"].open("ab") as log:
@@ -324,7 +403,8 @@ def up(root: Path, *, healthy: bool, real_torch: bool = False) -> int:
             argv, cwd=REPO_ROOT, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
             start_new_session=True,
         )
-    timeout = REAL_TORCH_START_TIMEOUT if real_torch else START_TIMEOUT
+    timeout = max(REAL_TORCH_START_TIMEOUT if real_torch else START_TIMEOUT,
+                  REAL_VM_START_TIMEOUT if kind == VM_REAL else 0.0)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         info = _read_info(root)
@@ -361,8 +441,11 @@ def status(root: Path) -> int:
     reachable = _port_open(info.node_address, info.node_port)
     repo_host, repo_port = info.repo_base.split("//", 1)[1].split("/", 1)[0].split(":")
     repo_up = _port_open(repo_host, int(repo_port))
-    print(f"  checks: sshd {'up' if reachable else 'DOWN'}, apt repo {'up' if repo_up else 'DOWN'}")
-    return 0 if reachable and repo_up else 1
+    agents = {machine.vmid: machine.agent_running() for machine in _lab_vms(root)}
+    vm_checks = "".join(f", VM {vmid} guest agent {'up' if up else 'DOWN'}" for vmid, up in agents.items())
+    checks = f"sshd {'up' if reachable else 'DOWN'}, apt repo {'up' if repo_up else 'DOWN'}{vm_checks}"
+    print(f"  checks: {checks}")
+    return 0 if reachable and repo_up and all(agents.values()) else 1
 
 
 def env_lines(root: Path) -> int:
@@ -397,12 +480,18 @@ def _node_dirs(root: Path) -> Iterator[Path]:
         yield from sorted(p for p in nodes.iterdir() if p.is_dir())
 
 
+def _lab_vms(root: Path) -> list[vmlib.VirtualMachine]:
+    return [machine for node_dir in _node_dirs(root) if (node_dir / "pve").is_dir()
+            for machine in vmlib.vms(NodeState(node_dir / "pve"))]
+
+
 def _teardown_leftovers(root: Path) -> None:
-    """Stop whatever a dead `serve` left (containers by their recorded PID 1, sshd by its pid file),
-    unmount anything under root still mounted here, and remove root."""
+    """Stop whatever a dead `serve` left (containers by their recorded PID 1, a VM's QEMU by its recorded
+    PID, sshd by its pid file), unmount anything under root still mounted here, and remove root."""
     for node_dir in _node_dirs(root):
         if (node_dir / "pve").is_dir():
-            for ct in NodeState(node_dir / "pve").containers():
+            state = NodeState(node_dir / "pve")
+            for ct in [*state.containers(), *vmlib.vms(state)]:
                 with contextlib.suppress(Exception):
                     ct.stop()
         sshd_pid_file = node_dir / "sshd" / "sshd.pid"
@@ -436,18 +525,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-healthy", action="store_true", help="only the two problem containers")
     parser.add_argument("--real-torch", action="store_true",
                         help="also CT 203 train-cu130: real torch (CUDA 13.0), real nvcc 13.0 in the repo")
+    parser.add_argument("--vm", choices=["auto", VM_REAL, VM_STAND_IN], default="auto",
+                        help="VM 300's kind: a real QEMU guest, the stand-in, or (auto) the real one where "
+                             "QEMU can run here")
     args = parser.parse_args(argv)
     root = (args.dir or lab_dir()).absolute()
     healthy = not args.no_healthy
     if args.command == "up":
-        return up(root, healthy=healthy, real_torch=args.real_torch)
+        return up(root, healthy=healthy, real_torch=args.real_torch, vm=args.vm)
     if args.command == "down":
         return down(root)
     if args.command == "status":
         return status(root)
     if args.command == "env":
         return env_lines(root)
-    return serve(root, healthy=healthy, real_torch=args.real_torch)
+    return serve(root, healthy=healthy, real_torch=args.real_torch, vm=vm_kind(args.vm))
 
 
 if __name__ == "__main__":
