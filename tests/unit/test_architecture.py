@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("fleetfix", "fleetfix.errors", "fleetfix.target", "fleetfix.paths", "fleetfix.secrets",
      "fleetfix.yamlsource", "fleetfix.boundedjson", "fleetfix.terminal", "fleetfix.wheelcache",
      "fleetfix.releasewheels", "fleetfix.httpfetch", "fleetfix.wheellock", "fleetfix.wheelarchive",
+     "fleetfix.wheelsource",
      "fleetfix.importahead"),
     ("fleetfix.transport",),
     ("fleetfix.guests",),
