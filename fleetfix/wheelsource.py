@@ -136,8 +136,8 @@ class Sources:
         if isinstance(taken, str):
             raise SourceRefused(taken)
         if item_pin is not None and taken.sha256 != item_pin:
-            raise SourceRefused(f"{taken.filename}: sha256 {taken.sha256} is not the pinned {item_pin}; "
-                                "nothing built")
+            raise SourceRefused(f"{taken.filename}: sha256 {taken.sha256} is not the pinned {item_pin} "
+                                "(the item's source_sha256); nothing built")
         return taken
 
     def _take(self, location: str, item_pin: str | None, cache: WheelCache | None) -> SourceArchive:
@@ -162,7 +162,8 @@ class Sources:
             else:
                 sha256, size = _copy(Path(local), dest, self.max_bytes)
             if pin is not None and sha256 != pin:
-                raise SourceRefused(f"{filename}: sha256 {sha256} is not {pin} ({where}); nothing built")
+                raise SourceRefused(f"{filename}: sha256 {sha256} is not the pinned {pin} ({where}); "
+                                    "nothing built")
         except BaseException:
             _remove(dest)
             raise

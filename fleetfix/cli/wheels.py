@@ -48,7 +48,8 @@ def wheels_group() -> None:
 @_JSON
 @handle_errors
 def wheels_list(wheel_cache: str | None, state_dir: str | None, as_json: bool) -> None:
-    """List the cached wheels: entry, built on, when, build time, key.
+    """List the cached wheels: entry, built on, when, build time, key, and the sha256 of the sdist the
+    controller handed the build (where it held the source).
 
     \b
     Example:
@@ -64,6 +65,9 @@ def wheels_list(wheel_cache: str | None, state_dir: str | None, as_json: bool) -
         _echo(f"{entry.directory.name}  {entry.wheel}  {entry.size} bytes  built on {entry.built_on}"
               f" {entry.built_at}{seconds} ({entry.source})")
         _echo("    " + " ".join(f"{name}={value}" for name, value in sorted(entry.key.items())))
+        if entry.sdist_sha256:  # the controller's own measurement of the source it handed the build
+            where = entry.sdist or "location not recorded"
+            _echo(f"    built from sdist sha256 {entry.sdist_sha256} ({where})")
     _echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.root}")
 
 

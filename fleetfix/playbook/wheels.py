@@ -201,7 +201,7 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
     cache = options.cache if not missing else None
     record: dict[str, Any] = {"item": name, "key": key, "missing": missing, "refused": []}
     if source is not None:
-        record["source"] = {"location": source.shown, "sha256": source.sha256, "size": source.size}
+        record["sdist"] = {"location": source.shown, "sha256": source.sha256, "size": source.size}
     item_run = _ItemRun(item, execute, transport, guest, event, record, options.redact, source=source)
     if not target.wheel_build:
         return _prebuilt_only(item_run, key, cache, options)
