@@ -3,8 +3,13 @@
 Per item of the step, on one target:
 
     verify                          exit 0 → already installed, nothing to do
+    source (when the item names one) the controller takes the sdist (fleetfix.wheelsource): hashed, its
+                                    pin checked (a mismatch fails the item here); NAME VERSION are its file
+                                    name's, its sha256 joins the key, and describe is not run
     describe                        last stdout line "NAME VERSION": what the item resolves to here; NAME
                                     must be a PEP 508 name and VERSION a PEP 440 version, or the item fails
+    under `wheels: build: never` (Target.wheel_build false): upstream's release wheel or a --wheelhouse
+        entry for the key, else the item fails before anything is installed; nothing below
     key = the step's rendered key fields + name + version     (fleetfix.wheelcache: any empty field →
                                                                built as before, never cached)
     under the cache's lock of (key, this target and the builders it trusts), unless --rebuild:
@@ -21,15 +26,17 @@ Per item of the step, on one target:
                                     (playbook/clonebuild.py), stored as `clone:<node>/<template>`; installed
                                     here only if this target's full key equals the clone's ("installed from
                                     cache"), else on to the build, the reason in the recap
-        otherwise                →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
-                                    and store it as this target's, if it is a compiled extension for the
-                                    key (a pure-Python wheel stays on its builder)             ("built")
+        otherwise                →  build into $FLEETFIX_WHEEL_DIR (the source's bytes pushed, as
+                                    $FLEETFIX_SOURCE, when the item names one), install, verify, pull the
+                                    wheel back and store it as this target's, if it is a compiled
+                                    extension for the key (a pure-Python wheel stays on its builder)
+                                                                                            ("built")
 
 Who may install whose wheel is the inventory's (`wheels: trust:`, docs/inventory.md), never the key's: the
 key is what the targets reported about themselves, so a guest can make its key equal another's. By default
 a target installs only wheels it built itself, upstream's release wheels and the operator's wheelhouses.
-What the manifest records about provenance (builder, source, build command) is the controller's own; the
-build's output is only logged.
+What the manifest records about provenance (builder, source, build command, the sdist's location and
+sha256) is the controller's own; the build's output is only logged.
 
 Ordering across concurrent targets is the locks and nothing else: targets run as the fleet runs them (per
 node and --forks). The lock is per key and per set of builders (the target and those it trusts), so

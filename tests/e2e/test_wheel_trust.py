@@ -139,13 +139,13 @@ def test_a_malicious_builder_cannot_get_code_into_another_container(
     started = time.monotonic()
     sdist = tiny_extension_sdist(tmp_path)
     digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
-    sources = tmp_path / "sources.yaml"
-    sources.write_text(yaml.safe_dump(
-        {"extension_sources": {TINY_EXTENSION_IN_CT: {"url": str(sdist), "sha256": digest}}}))
     binary.sh(f"{real_torch.python} -m pip uninstall -y -q fleetfix-tiny-ext && rm -f {MARKER}")
     inv_binary = inventory(tmp_path / "binary.yaml", lab, [(binary, "9.0")], real_torch.python)
-    sourced = run_cli("apply", BUILD, "-i", str(inv_binary), *common, "--var-file", str(sources),
-                      timeout=1500)
+    document = yaml.safe_load(inv_binary.read_text())  # the operator's inventory names the source
+    document["defaults"]["vars"] = {
+        "extension_sources": {TINY_EXTENSION_IN_CT: {"url": str(sdist), "sha256": digest}}}
+    inv_binary.write_text(yaml.safe_dump(document))
+    sourced = run_cli("apply", BUILD, "-i", str(inv_binary), *common, timeout=1500)
     assert sourced.exit_code == 0, sourced.stdout[-4000:] + sourced.stderr[-3000:]
     (event,) = wheel_events(state, sourced).values()
     assert event["action"] == "built" and event["key"]["sdist_sha256"] == digest, event
