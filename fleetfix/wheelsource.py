@@ -115,29 +115,27 @@ class Sources:
 
     max_bytes: int
     lock_pin: Callable[[str], tuple[str, str] | None] = lambda url: None  # URL -> (sha256, "file:line")
-    _taken: dict[str, SourceArchive | str] = field(default_factory=dict)
-    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    # By (location, the item's pin): an item whose pin differs is refused without spoiling another's take.
+    _taken: dict[tuple[str, str | None], SourceArchive | str] = field(default_factory=dict)
+    _locks: dict[tuple[str, str | None], threading.Lock] = field(default_factory=dict)
     _guard: threading.Lock = field(default_factory=threading.Lock)
 
     def take(self, location: str, pin_text: str, cache: WheelCache | None) -> SourceArchive:
         """The archive at location on the controller, hashed, and equal to the pin (the item's, else the
-        lock's) when there is one; SourceRefused saying why not. Taken once per run per location."""
+        lock's) when there is one; SourceRefused saying why not. Taken once per run per location and pin."""
         item_pin = pinned_digest(pin_text)
         with self._guard:
-            lock = self._locks.setdefault(location, threading.Lock())
+            lock = self._locks.setdefault((location, item_pin), threading.Lock())
         with lock:
-            taken = self._taken.get(location)
+            taken = self._taken.get((location, item_pin))
             if taken is None:
                 try:
                     taken = self._take(location, item_pin, cache)
                 except SourceRefused as refused:
                     taken = str(refused)
-                self._taken[location] = taken
+                self._taken[(location, item_pin)] = taken
         if isinstance(taken, str):
             raise SourceRefused(taken)
-        if item_pin is not None and taken.sha256 != item_pin:
-            raise SourceRefused(f"{taken.filename}: sha256 {taken.sha256} is not the pinned {item_pin} "
-                                "(the item's source_sha256); nothing built")
         return taken
 
     def _take(self, location: str, item_pin: str | None, cache: WheelCache | None) -> SourceArchive:

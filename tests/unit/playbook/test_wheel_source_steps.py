@@ -150,6 +150,17 @@ def test_a_pinned_sha256_that_differs_refuses_before_anything_is_built(tmp_path:
     assert not (Path(host.vars["site"]) / "demo-ext").exists()
 
 
+def test_a_wrong_pin_on_one_item_spoils_no_other_items_take_of_the_same_location(tmp_path: Path) -> None:
+    source = sdist(tmp_path / "sdists", b"one archive, two items\n")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    sources, cache = Sources(max_bytes=1 << 20), WheelCache(tmp_path / "cache")
+    with pytest.raises(SourceRefused, match="is not the pinned"):
+        sources.take(str(source), "0" * 64, cache)
+    assert sources.take(str(source), "", cache).sha256 == digest
+    assert sources.take(str(source), digest, cache).sha256 == digest
+    sources.close()
+
+
 def test_a_pin_that_matches_builds(tmp_path: Path) -> None:
     source = sdist(tmp_path / "sdists", b"as pinned\n")
     digest = hashlib.sha256(source.read_bytes()).hexdigest()
