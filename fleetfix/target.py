@@ -111,7 +111,7 @@ class WheelBuilder:
 
     @property
     def builder_id(self) -> str:
-        """The cache's builder id of what its clones build (fleetfix.wheelcache)."""
+        """The cache's builder id of what its clones build (fleetfix.wheels.cache)."""
         return f"clone:{self.node.name}/{self.template}"
 
 

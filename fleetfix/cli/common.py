@@ -239,13 +239,13 @@ class RolloutOptions:
         upstream's release wheels are fetched by this controller for items whose playbook names them, each
         checked against its sha256 from --wheel-lock or GitHub's API (unverified only when allowed)."""
         from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
-        from fleetfix.httpfetch import Fetcher
         from fleetfix.playbook.wheels import WheelOptions
-        from fleetfix.releasewheels import ReleaseDigests
-        from fleetfix.wheelarchive import archive_problem
-        from fleetfix.wheelcache import WheelCache, default_cache_dir
-        from fleetfix.wheellock import load_wheel_lock
-        from fleetfix.wheelsource import Sources
+        from fleetfix.wheels.archive import archive_problem
+        from fleetfix.wheels.cache import WheelCache, default_cache_dir
+        from fleetfix.wheels.httpfetch import Fetcher
+        from fleetfix.wheels.lock import load_wheel_lock
+        from fleetfix.wheels.release import ReleaseDigests
+        from fleetfix.wheels.source import Sources
 
         lock = load_wheel_lock(self.wheel_lock) if self.wheel_lock else None
         root = self.wheel_cache or default_cache_dir(self.records_dir())

@@ -17,7 +17,7 @@ from fleetfix.errors import ConfigError, ExitCode
 from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
-    from fleetfix.wheelcache import WheelCache
+    from fleetfix.wheels.cache import WheelCache
 
 _CACHE = click.option("--wheel-cache", type=click.Path(file_okay=False), default=None, metavar="DIR",
                       help="The cache (default: <state dir>/wheels).")
@@ -32,7 +32,7 @@ def _echo(line: str) -> None:
 
 def _cache(wheel_cache: str | None, state_dir: str | None) -> WheelCache:
     from fleetfix.paths import default_state_dir
-    from fleetfix.wheelcache import WheelCache, default_cache_dir
+    from fleetfix.wheels.cache import WheelCache, default_cache_dir
 
     return WheelCache(wheel_cache or default_cache_dir(state_dir or default_state_dir()))
 

@@ -292,8 +292,8 @@ class RenderedItem:
     build: str
     install: str
     verify: str
-    upstream: str = ""  # upstream's release wheel URL template (releasewheels.PLACEHOLDERS); "": none
-    source: str = ""  # the source archive's location on the controller (fleetfix.wheelsource); "": none
+    upstream: str = ""  # upstream's release wheel URL template (wheels.release.PLACEHOLDERS); "": none
+    source: str = ""  # the source archive's location on the controller (fleetfix.wheels.source); "": none
     source_sha256: str = ""  # the sha256 that archive must have; "": not pinned
 
 

@@ -53,7 +53,7 @@ from fleetfix.playbook.wheels import WheelOptions, label, run_wheels
 from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
 from fleetfix.transport.base import CappedOutput, CommandResult, OutputSink, Stream, Transport, run_script
-from fleetfix.wheelsource import Sources
+from fleetfix.wheels.source import Sources
 
 StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
 TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]

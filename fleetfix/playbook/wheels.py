@@ -3,14 +3,14 @@
 Per item of the step, on one target:
 
     verify                          exit 0 → already installed, nothing to do
-    source (when the item names one) the controller takes the sdist (fleetfix.wheelsource): hashed, its
+    source (when the item names one) the controller takes the sdist (fleetfix.wheels.source): hashed, its
                                     pin checked (a mismatch fails the item here); NAME VERSION are its file
                                     name's, its sha256 joins the key, and describe is not run
     describe                        last stdout line "NAME VERSION": what the item resolves to here; NAME
                                     must be a PEP 508 name and VERSION a PEP 440 version, or the item fails
     under `wheels: build: never` (Target.wheel_build false): upstream's release wheel or a --wheelhouse
         entry for the key, else the item fails before anything is installed; nothing below
-    key = the step's rendered key fields + name + version     (fleetfix.wheelcache: any empty field →
+    key = the step's rendered key fields + name + version     (fleetfix.wheels.cache: any empty field →
                                                                built as before, never cached)
     under the cache's lock of (key, this target and the builders it trusts), unless --rebuild:
         this target's own entry, then that of each builder the inventory trusts for this target
@@ -65,13 +65,11 @@ from typing import Any, Literal, Protocol
 from fleetfix.errors import FleetfixError
 from fleetfix.guests.base import Guest
 from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
-from fleetfix.httpfetch import Fetcher, FetchError
 from fleetfix.playbook.clonebuild import CloneBuilds
 from fleetfix.playbook.render import RenderedItem
-from fleetfix.releasewheels import candidate
 from fleetfix.target import Target, WheelBuilder
 from fleetfix.transport.base import Transport
-from fleetfix.wheelcache import (
+from fleetfix.wheels.cache import (
     UPSTREAM,
     CacheEntry,
     Lookup,
@@ -88,7 +86,9 @@ from fleetfix.wheelcache import (
     wheel_name_version,
     wheel_problem,
 )
-from fleetfix.wheelsource import SourceArchive, SourceRefused, Sources
+from fleetfix.wheels.httpfetch import Fetcher, FetchError
+from fleetfix.wheels.release import candidate
+from fleetfix.wheels.source import SourceArchive, SourceRefused, Sources
 
 WORK_ROOT = "/var/tmp"  # per item: <WORK_ROOT>/fleetfix-wheels-<random>, 0700, removed afterwards
 _LIST_WHEELS = 'for f in "$1"/*.whl; do [ -f "$f" ] && printf "%s\\n" "$f"; done; true'

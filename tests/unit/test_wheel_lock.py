@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetfix.errors import ConfigError
-from fleetfix.wheellock import load_wheel_lock
+from fleetfix.wheels.lock import load_wheel_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HEX = "4f" * 32

@@ -8,7 +8,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from fleetfix.cli import main
-from fleetfix.wheelcache import Provenance, WheelCache, target_builder
+from fleetfix.wheels.cache import Provenance, WheelCache, target_builder
 from tests.lab.releases import make_wheel
 from tests.unit.test_wheel_contents import elf
 

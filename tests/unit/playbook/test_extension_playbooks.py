@@ -354,7 +354,7 @@ def test_the_cache_key_of_an_extension(facts: dict[str, Any], fake_python: Path,
     from fleetfix.guests.node import NodeGuest
     from fleetfix.playbook.wheels import WheelOptions
     from fleetfix.transport.local import LocalTransport
-    from fleetfix.wheelcache import WheelCache
+    from fleetfix.wheels.cache import WheelCache
     from tests.lab.releases import make_wheel
 
     # What the cache keeps is a compiled extension: an x86_64 ELF header stands in for the module.

@@ -23,8 +23,8 @@ from fleetfix.playbook.runner import PlaybookRun, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
-from fleetfix.wheelcache import WheelCache
-from fleetfix.wheelsource import SourceRefused, Sources
+from fleetfix.wheels.cache import WheelCache
+from fleetfix.wheels.source import SourceRefused, Sources
 from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from
 from tests.unit.playbook.test_transfer_and_wheel_steps import ListRecorder
 

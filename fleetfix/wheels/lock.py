@@ -8,7 +8,7 @@ commit next to their inventory (docs/extensions.md, "The wheel lock").
 
 Distribution name → URL → sha256 (`sha256:<hex>` as GitHub's API writes it, or the bare hex `sha256sum`
 prints). A URL is a release wheel's (.whl) or a source archive's (an sdist, .tar.gz or .zip, that a
-`wheels` item names as its `source:`, fleetfix.wheelsource). A pinned digest authenticates the file
+`wheels` item names as its `source:`, fleetfix.wheels.source). A pinned digest authenticates the file
 whatever carries it, so a URL here may be a plain-http mirror. Every mistake is one line naming file, line
 and field: a name that is not the URL's file's distribution, a URL that is not a file over http(s), a
 digest that is not 64 hex digits, a URL twice.
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetfix.wheelcache import canonical_name
-from fleetfix.wheelsource import sdist_name_version
+from fleetfix.wheels.cache import canonical_name
+from fleetfix.wheels.source import sdist_name_version
 from fleetfix.yamlsource import Locations, load_yaml
 
 _DIGEST = re.compile(r"^(?:sha256:)?([0-9a-fA-F]{64})$")

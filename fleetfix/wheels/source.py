@@ -1,7 +1,7 @@
 """The source archive of a wheel, held by the controller: what a build's manifest can say it was built from.
 
 A `wheels` item may name its source (the step's `source:`): an sdist the controller takes itself, from an
-absolute path, a file:// URL or an https URL (httpfetch.py's rules: https only, plain http only for a
+absolute path, a file:// URL or an https URL (wheels/httpfetch.py's rules: https only, plain http only for a
 pinned digest, redirects stay on https). The controller hashes the bytes as they land in its own private
 file, refuses them when the item pins another sha256 (`source_sha256:`, or the operator's wheel lock),
 and only then pushes exactly those bytes to the builder, which builds from that file. So the sha256 in
@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fleetfix.httpfetch import Expected, Fetcher, FetchError
-from fleetfix.wheelcache import WheelCache, canonical_name, name_problem, version_problem
+from fleetfix.wheels.cache import WheelCache, canonical_name, name_problem, version_problem
+from fleetfix.wheels.httpfetch import Expected, Fetcher, FetchError
 
 _SDIST = re.compile(r"^(?P<stem>.+?)(?P<ext>\.tar\.gz|\.zip)$")
 _DIGEST = re.compile(r"^(?:sha256:)?([0-9a-fA-F]{64})$")

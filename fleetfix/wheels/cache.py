@@ -53,7 +53,7 @@ from typing import IO, Any
 
 from fleetfix.errors import ConfigError
 from fleetfix.paths import private_dir
-from fleetfix.wheelarchive import members_problem
+from fleetfix.wheels.archive import members_problem
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2  # 1: before builders were recorded; such entries are read only in wheelhouses
@@ -76,7 +76,7 @@ _PEP440_VERSION = re.compile(r"""
     (?:\+[a-z0-9]+(?:[_.][a-z0-9]+)*)?""", re.IGNORECASE | re.VERBOSE)
 _MAX_NAME = 200  # longer names and versions are refused: they end up in a directory name
 
-# The builder of upstream's release wheels: the controller downloaded them itself (releasewheels.py).
+# The builder of upstream's release wheels: the controller downloaded them itself (wheels/release.py).
 UPSTREAM = "upstream"
 _TARGET = "target:"  # a builder that is an inventory target: "target:<its name>"
 
