@@ -111,7 +111,7 @@ class WheelBuilder:
 
     @property
     def builder_id(self) -> str:
-        """The cache's builder id of what its clones build (fleetfix.wheelcache)."""
+        """The cache's builder id of what its clones build (fleetfix.wheels.cache)."""
         return f"clone:{self.node.name}/{self.template}"
 
 
@@ -130,3 +130,6 @@ class Target:
     # The dedicated builder whose clones build this target's wheels (inventory `wheels: builder:`); None:
     # the target builds what no trusted builder has.
     wheel_builder: WheelBuilder | None = None
+    # False (inventory `wheels: build: never`): wheels come only from the operator's wheelhouses and
+    # upstream's verified release wheels; nothing is built for this target, by itself or anyone.
+    wheel_build: bool = True

@@ -238,19 +238,25 @@ class RolloutOptions:
         """The wheel cache of `wheels` steps (docs/extensions.md): --wheel-cache, else <state dir>/wheels;
         upstream's release wheels are fetched by this controller for items whose playbook names them, each
         checked against its sha256 from --wheel-lock or GitHub's API (unverified only when allowed)."""
-        from fleetfix.httpfetch import Fetcher
+        from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
         from fleetfix.playbook.wheels import WheelOptions
-        from fleetfix.releasewheels import ReleaseDigests
-        from fleetfix.wheelarchive import archive_problem
-        from fleetfix.wheelcache import WheelCache, default_cache_dir
-        from fleetfix.wheellock import load_wheel_lock
+        from fleetfix.wheels.archive import archive_problem
+        from fleetfix.wheels.cache import WheelCache, default_cache_dir
+        from fleetfix.wheels.httpfetch import Fetcher
+        from fleetfix.wheels.lock import load_wheel_lock
+        from fleetfix.wheels.release import ReleaseDigests
+        from fleetfix.wheels.source import Sources
 
         lock = load_wheel_lock(self.wheel_lock) if self.wheel_lock else None
         root = self.wheel_cache or default_cache_dir(self.records_dir())
         fetcher = Fetcher(authenticator=ReleaseDigests(lock), allow_unverified=self.allow_unverified_wheels,
                           inspect=archive_problem)
+        def lock_pin(url: str) -> tuple[str, str] | None:
+            pin = lock.pin(url) if lock is not None else None
+            return (pin.sha256, pin.where) if pin is not None else None
+
         return WheelOptions(WheelCache(root, wheelhouses=self.wheelhouses), rebuild=self.rebuild,
-                            upstream=fetcher)
+                            upstream=fetcher, sources=Sources(DEFAULT_MAX_BYTES, lock_pin))
 
     def records_dir(self) -> str | Path:
         from fleetfix.paths import default_state_dir

@@ -17,7 +17,7 @@ from fleetfix.errors import ConfigError, ExitCode
 from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
-    from fleetfix.wheelcache import WheelCache
+    from fleetfix.wheels.cache import WheelCache
 
 _CACHE = click.option("--wheel-cache", type=click.Path(file_okay=False), default=None, metavar="DIR",
                       help="The cache (default: <state dir>/wheels).")
@@ -32,7 +32,7 @@ def _echo(line: str) -> None:
 
 def _cache(wheel_cache: str | None, state_dir: str | None) -> WheelCache:
     from fleetfix.paths import default_state_dir
-    from fleetfix.wheelcache import WheelCache, default_cache_dir
+    from fleetfix.wheels.cache import WheelCache, default_cache_dir
 
     return WheelCache(wheel_cache or default_cache_dir(state_dir or default_state_dir()))
 
@@ -48,7 +48,8 @@ def wheels_group() -> None:
 @_JSON
 @handle_errors
 def wheels_list(wheel_cache: str | None, state_dir: str | None, as_json: bool) -> None:
-    """List the cached wheels: entry, built on, when, build time, key.
+    """List the cached wheels: entry, built on, when, build time, key, and the sha256 of the sdist the
+    controller handed the build (where it held the source).
 
     \b
     Example:
@@ -64,6 +65,9 @@ def wheels_list(wheel_cache: str | None, state_dir: str | None, as_json: bool) -
         _echo(f"{entry.directory.name}  {entry.wheel}  {entry.size} bytes  built on {entry.built_on}"
               f" {entry.built_at}{seconds} ({entry.source})")
         _echo("    " + " ".join(f"{name}={value}" for name, value in sorted(entry.key.items())))
+        if entry.sdist_sha256:  # the controller's own measurement of the source it handed the build
+            where = entry.sdist or "location not recorded"
+            _echo(f"    built from sdist sha256 {entry.sdist_sha256} ({where})")
     _echo(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {cache.root}")
 
 

@@ -168,8 +168,13 @@ def _build(
         inventory.targets = _wheel_trust(model, where, inventory.targets, strict=not sources,
                                          warnings=inventory.warnings)
     if model.wheels.builder is not None:
+        if model.wheels.build == "never":
+            raise _error(where, ("wheels", "build"), "never: no wheel is built, so wheels.builder would "
+                         "never be used; remove one of them")
         inventory.targets = _wheel_builder(model.wheels.builder, where, inventory.targets, node_refs,
                                            strict=not sources, warnings=inventory.warnings)
+    if model.wheels.build == "never":
+        inventory.targets = [replace(target, wheel_build=False) for target in inventory.targets]
     return inventory
 
 

@@ -274,6 +274,9 @@ class WheelsModel(_Model):
 
     trust: list[WheelTrustModel] = []
     builder: WheelBuilderModel | None = None
+    # never: the CI wheelhouse only. No guest builds a wheel; each key is installed from a --wheelhouse
+    # entry or upstream's verified release wheel, or refused on its target before anything is built.
+    build: Literal["allowed", "never"] = "allowed"
 
 
 class InventoryModel(_Model):

@@ -33,7 +33,7 @@ from typing import Any
 from fleetfix.errors import FleetfixError
 from fleetfix.target import GuestRef, Target, WheelBuilder
 from fleetfix.transport.base import CommandResult, Transport
-from fleetfix.wheelcache import WheelCache, key_digest
+from fleetfix.wheels.cache import WheelCache, key_digest
 
 # pve-cluster's PVE::Cluster::check_vmid_unused, which `pct clone` dies with when NEWID is taken:
 # "CT 9900 already exists on node 'pve1'" (or "VM ..." for a VM's id).

@@ -54,8 +54,14 @@ class WheelsSpec(_Spec):
     install: str = Field(min_length=1)  # installs $FLEETFIX_WHEEL
     verify: str = Field(min_length=1)  # exit 0: the item is installed and works (also the item's check)
     # A template rendering, per item, the URL of upstream's prebuilt wheel with the placeholders of
-    # fleetfix.releasewheels ({version}, {cuda_major}, ...) filled from the key at run time; empty: none.
+    # fleetfix.wheels.release ({version}, {cuda_major}, ...) filled from the key at run time; empty: none.
     upstream: str | None = None
+    # Templates rendering, per item, the controller-side location of the item's source archive (an
+    # absolute path, file:// or https:// URL; fleetfix.wheels.source) and the sha256 it must have; empty:
+    # none. With a source, the controller takes the archive, names NAME VERSION from it (describe is not
+    # run), and the build gets exactly those bytes as $FLEETFIX_SOURCE.
+    source: str | None = None
+    source_sha256: str | None = None
 
 
 def _bool_as_expression(value: Any) -> Any:

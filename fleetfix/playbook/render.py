@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 SCRIPT_FIELDS = ("check", "apply", "verify")
 WHEEL_SCRIPTS = ("describe", "build", "install", "verify")
+WHEEL_TEXTS = ("upstream", "source", "source_sha256")  # a wheels step's per-item text templates
 EXPRESSION_FIELDS = ("when", "until", "changed_when")
 _RESULT_FIELDS = ("until", "changed_when")  # the only fields that see `result`
 
@@ -291,7 +292,9 @@ class RenderedItem:
     build: str
     install: str
     verify: str
-    upstream: str = ""  # upstream's release wheel URL template (releasewheels.PLACEHOLDERS); "": none
+    upstream: str = ""  # upstream's release wheel URL template (wheels.release.PLACEHOLDERS); "": none
+    source: str = ""  # the source archive's location on the controller (fleetfix.wheels.source); "": none
+    source_sha256: str = ""  # the sha256 that archive must have; "": not pinned
 
 
 @dataclass(frozen=True)
@@ -314,7 +317,7 @@ class CompiledWheels:
     items: Any  # jinja2 TemplateExpression
     key: dict[str, jinja2.Template]
     scripts: dict[str, jinja2.Template]  # WHEEL_SCRIPTS
-    upstream: jinja2.Template | None = None
+    texts: dict[str, jinja2.Template]  # those of WHEEL_TEXTS the step gives
 
 
 @dataclass
@@ -441,11 +444,13 @@ class CompiledPlaybook:
             asts.append(((*here, "key", name), ast))
         scripts = {field: self._compile_script(step, getattr(spec, field), (*here, field), asts)
                    for field in WHEEL_SCRIPTS}
-        upstream = None
-        if spec.upstream is not None:
-            ast, upstream = self._parse(TEXT_ENV, spec.upstream, (*here, "upstream"))
-            asts.append(((*here, "upstream"), ast))
-        return CompiledWheels(items, key, scripts, upstream)
+        texts: dict[str, jinja2.Template] = {}
+        for name in WHEEL_TEXTS:
+            value = getattr(spec, name)
+            if value is not None:
+                ast, texts[name] = self._parse(TEXT_ENV, value, (*here, name))
+                asts.append(((*here, name), ast))
+        return CompiledWheels(items, key, scripts, texts)
 
     # per target
 
@@ -574,14 +579,14 @@ class CompiledPlaybook:
                     scripts[field] = exports + template.render(item_scope)
                 except _RENDER_ERRORS as exc:
                     raise self._step_error(compiled, f"wheels.{field}", exc) from None
-            upstream = ""
-            if wheels.upstream is not None:
+            texts = dict.fromkeys(WHEEL_TEXTS, "")
+            for name, template in wheels.texts.items():
                 try:
-                    upstream = wheels.upstream.render(item_scope).strip()
+                    texts[name] = template.render(item_scope).strip()
                 except _RENDER_ERRORS as exc:
-                    raise self._step_error(compiled, "wheels.upstream", exc) from None
+                    raise self._step_error(compiled, f"wheels.{name}", exc) from None
             rendered.append(RenderedItem(item, key, scripts["describe"], scripts["build"], scripts["install"],
-                                         scripts["verify"], upstream))
+                                         scripts["verify"], **texts))
         return rendered
 
     def _step_error(self, compiled: CompiledStep, field: str, exc: BaseException) -> TemplateError:

@@ -35,6 +35,7 @@ from fleetfix.errors import (
     TransportError,
 )
 from fleetfix.guests.base import Guest
+from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
 from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun, RunIn
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
@@ -52,6 +53,7 @@ from fleetfix.playbook.wheels import WheelOptions, label, run_wheels
 from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
 from fleetfix.transport.base import CappedOutput, CommandResult, OutputSink, Stream, Transport, run_script
+from fleetfix.wheels.source import Sources
 
 StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
 TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]
@@ -203,7 +205,10 @@ class TargetPlan:
 
 
 def target_info(target: Target) -> dict[str, Any]:
-    return {"name": target.name, "node": target.node.name, **target.guest.to_json()}
+    # build_wheels: false under the inventory's `wheels: build: never` (steps that only prepare a build
+    # can skip themselves).
+    return {"name": target.name, "node": target.node.name, **target.guest.to_json(),
+            "build_wheels": target.wheel_build}
 
 
 def plan_target(
@@ -692,7 +697,8 @@ def run_playbook(
     for target in targets:
         add_secrets(secret_values(target.vars))
     if wheels is not None:  # what a wheel's manifest records (its build command) is masked the same way
-        wheels = replace(wheels, redact=redact.text)
+        wheels = replace(wheels, redact=redact.text,
+                         sources=wheels.sources or Sources(max_bytes=DEFAULT_MAX_BYTES))
     if on_step is not None:
         show_step = on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
@@ -744,12 +750,16 @@ def run_playbook(
             finished[name] = TargetRun(name, "skipped", [], 0.0, "not run: " + aborted)
             _record_target_end(recorder, finished[name])
     else:
-        aborted = _run_batches(
-            [target for target in targets if target.name in plans], len(targets), plans, finished,
-            fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
-            max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output,
-            guard_for=_guard_factory(policy, guest_for, recorder, playbook.name), guest_for=guest_for,
-            wheels=wheels)
+        try:
+            aborted = _run_batches(
+                [target for target in targets if target.name in plans], len(targets), plans, finished,
+                fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
+                max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output,
+                guard_for=_guard_factory(policy, guest_for, recorder, playbook.name), guest_for=guest_for,
+                wheels=wheels)
+        finally:
+            if wheels is not None and wheels.sources is not None:
+                wheels.sources.close()  # the run's copies of source archives
 
     run = PlaybookRun(
         playbook=playbook.name, check=check,

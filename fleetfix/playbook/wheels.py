@@ -3,9 +3,14 @@
 Per item of the step, on one target:
 
     verify                          exit 0 → already installed, nothing to do
+    source (when the item names one) the controller takes the sdist (fleetfix.wheels.source): hashed, its
+                                    pin checked (a mismatch fails the item here); NAME VERSION are its file
+                                    name's, its sha256 joins the key, and describe is not run
     describe                        last stdout line "NAME VERSION": what the item resolves to here; NAME
                                     must be a PEP 508 name and VERSION a PEP 440 version, or the item fails
-    key = the step's rendered key fields + name + version     (fleetfix.wheelcache: any empty field →
+    under `wheels: build: never` (Target.wheel_build false): upstream's release wheel or a --wheelhouse
+        entry for the key, else the item fails before anything is installed; nothing below
+    key = the step's rendered key fields + name + version     (fleetfix.wheels.cache: any empty field →
                                                                built as before, never cached)
     under the cache's lock of (key, this target and the builders it trusts), unless --rebuild:
         this target's own entry, then that of each builder the inventory trusts for this target
@@ -21,15 +26,17 @@ Per item of the step, on one target:
                                     (playbook/clonebuild.py), stored as `clone:<node>/<template>`; installed
                                     here only if this target's full key equals the clone's ("installed from
                                     cache"), else on to the build, the reason in the recap
-        otherwise                →  build into $FLEETFIX_WHEEL_DIR, install, verify, pull the wheel back
-                                    and store it as this target's, if it is a compiled extension for the
-                                    key (a pure-Python wheel stays on its builder)             ("built")
+        otherwise                →  build into $FLEETFIX_WHEEL_DIR (the source's bytes pushed, as
+                                    $FLEETFIX_SOURCE, when the item names one), install, verify, pull the
+                                    wheel back and store it as this target's, if it is a compiled
+                                    extension for the key (a pure-Python wheel stays on its builder)
+                                                                                            ("built")
 
 Who may install whose wheel is the inventory's (`wheels: trust:`, docs/inventory.md), never the key's: the
 key is what the targets reported about themselves, so a guest can make its key equal another's. By default
 a target installs only wheels it built itself, upstream's release wheels and the operator's wheelhouses.
-What the manifest records about provenance (builder, source, build command) is the controller's own; the
-build's output is only logged.
+What the manifest records about provenance (builder, source, build command, the sdist's location and
+sha256) is the controller's own; the build's output is only logged.
 
 Ordering across concurrent targets is the locks and nothing else: targets run as the fleet runs them (per
 node and --forks). The lock is per key and per set of builders (the target and those it trusts), so
@@ -58,13 +65,11 @@ from typing import Any, Literal, Protocol
 from fleetfix.errors import FleetfixError
 from fleetfix.guests.base import Guest
 from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
-from fleetfix.httpfetch import Fetcher, FetchError
 from fleetfix.playbook.clonebuild import CloneBuilds
 from fleetfix.playbook.render import RenderedItem
-from fleetfix.releasewheels import candidate
 from fleetfix.target import Target, WheelBuilder
 from fleetfix.transport.base import Transport
-from fleetfix.wheelcache import (
+from fleetfix.wheels.cache import (
     UPSTREAM,
     CacheEntry,
     Lookup,
@@ -73,6 +78,7 @@ from fleetfix.wheelcache import (
     WheelRefused,
     builder_label,
     canonical_name,
+    key_digest,
     missing_fields,
     name_problem,
     target_builder,
@@ -80,6 +86,9 @@ from fleetfix.wheelcache import (
     wheel_name_version,
     wheel_problem,
 )
+from fleetfix.wheels.httpfetch import Fetcher, FetchError
+from fleetfix.wheels.release import candidate
+from fleetfix.wheels.source import SourceArchive, SourceRefused, Sources
 
 WORK_ROOT = "/var/tmp"  # per item: <WORK_ROOT>/fleetfix-wheels-<random>, 0700, removed afterwards
 _LIST_WHEELS = 'for f in "$1"/*.whl; do [ -f "$f" ] && printf "%s\\n" "$f"; done; true'
@@ -101,6 +110,9 @@ class WheelOptions:
     # Whose builds the wheels built here are in the cache: None, the target's; a clone's run sets its
     # dedicated builder's id (`clone:<node>/<template>`).
     builder: str | None = None
+    # The run's source archives (items with a `source:`), taken on the controller once per location;
+    # run_playbook makes one when none is given, and removes its files at the end.
+    sources: Sources | None = None
 
 
 class ScriptResult(Protocol):
@@ -189,12 +201,17 @@ def _work_dir(transport: Transport) -> Iterator[str]:
 
 def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, guest: Callable[[], Guest],
          options: WheelOptions, target: Target, event: Callable[..., None]) -> str:
-    key = _described_key(item, execute)
+    source = _source(item, options)
+    key = _source_key(item, source) if source is not None else _described_key(item, execute)
     name = f"{key['name']} {key['version']}"
     missing = missing_fields(key)
     cache = options.cache if not missing else None
     record: dict[str, Any] = {"item": name, "key": key, "missing": missing, "refused": []}
-    item_run = _ItemRun(item, execute, transport, guest, event, record, options.redact)
+    if source is not None:
+        record["sdist"] = {"location": source.shown, "sha256": source.sha256, "size": source.size}
+    item_run = _ItemRun(item, execute, transport, guest, event, record, options.redact, source=source)
+    if not target.wheel_build:
+        return _prebuilt_only(item_run, key, cache, options)
     with _work_dir(transport) as work:
         item_run.work = work
         if cache is None:
@@ -219,7 +236,8 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
                 installed = item_run.from_entry(cache.lookup_wheelhouses(key))
                 if installed is not None:
                     return installed
-            if item.upstream and options.upstream is not None and not options.rebuild:
+            # A named source is what must be built: upstream's wheel was built from upstream's.
+            if item.upstream and options.upstream is not None and not options.rebuild and source is None:
                 with cache.lock(key, UPSTREAM):  # after the first: the one order both locks are taken in
                     installed = item_run.from_entry(cache.lookup(key, UPSTREAM))  # fetched meanwhile?
                     if installed is not None:
@@ -234,6 +252,59 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
                 if installed is not None:
                     return installed
             return item_run.build_and_store(cache, own, rebuild=options.rebuild)
+
+
+def _source(item: RenderedItem, options: WheelOptions) -> SourceArchive | None:
+    """The item's source archive on the controller, or None when it names none; refused (a pin that
+    differs, a location that is not one) before anything runs on the target."""
+    if not item.source:
+        return None
+    if options.sources is None:
+        raise _ItemFailed("source refused: this run takes no source archives")
+    try:
+        return options.sources.take(item.source, item.source_sha256, options.cache)
+    except SourceRefused as refused:
+        raise _ItemFailed(f"source refused: {refused}") from None
+
+
+def _source_key(item: RenderedItem, source: SourceArchive) -> dict[str, str]:
+    """The item's key when the controller holds its source: NAME VERSION from the archive, and its sha256
+    (a wheel is only ever installed where exactly this source is wanted)."""
+    return {**item.key, "name": source.name, "version": source.version, "sdist_sha256": source.sha256}
+
+
+def _prebuilt_only(item_run: _ItemRun, key: dict[str, str], cache: WheelCache | None,
+                   options: WheelOptions) -> str:
+    """The inventory's `wheels: build: never`: upstream's verified release wheel (cached, or downloaded
+    now) or a --wheelhouse entry for exactly this key, else refused before anything is installed or
+    built here."""
+    item, record = item_run.item, item_run.record
+    never = "the inventory says wheels: build: never (the CI wheelhouse only)"
+    if options.rebuild:
+        raise _ItemFailed(f"--rebuild asks for a build, and {never}; nothing changed")
+    if cache is None:
+        missing = record["missing"]
+        why = f"key incomplete: {', '.join(missing)} unknown" if missing else "no wheel cache"
+        raise _ItemFailed(f"no wheel ({why}), and {never}; nothing changed")
+    with _work_dir(item_run.transport) as work:
+        item_run.work = work
+        with cache.lock(key, UPSTREAM):
+            for found in (cache.lookup(key, UPSTREAM), cache.lookup_wheelhouses(key)):
+                installed = item_run.from_entry(found)
+                if installed is not None:
+                    return installed
+            if item.upstream and options.upstream is not None and item_run.source is None:
+                got = _from_upstream(item, key, item_run, cache, options.upstream)
+                if isinstance(got, _Installed):
+                    return f"{item_run.name}: {got.line}{item_run.note}"
+                record["upstream"] = got
+                item_run.upstream_note = f" (upstream: {got})"
+    entry = WheelCache.entry_name(key, "")[:-16]  # <name>-<version>-
+    item_run.event("wheel", **record, action="refused-no-build", reason=never)
+    raise _ItemFailed(f"no wheel for this key in the wheelhouses or upstream's release wheels, and {never}; "
+                      f"nothing changed: build it in CI for this key (key digest {key_digest(key)[:16]}, "
+                      f"fields in the run's wheel event) into a wheelhouse, then pass --wheelhouse DIR "
+                      f"({entry}*){item_run.note}{item_run.upstream_note}")
 
 
 def _from_clone(spec: WheelBuilder, key: dict[str, str], item_run: _ItemRun, cache: WheelCache,
@@ -281,6 +352,7 @@ class _ItemRun:
     event: Callable[..., None]
     record: dict[str, Any]
     redact: Callable[[str], str] = str
+    source: SourceArchive | None = None  # the controller's copy of the item's source, if it names one
     work: str = ""
     upstream_note: str = ""
 
@@ -312,13 +384,24 @@ class _ItemRun:
     def build(self) -> tuple[float, str]:
         """Build here, install, verify: (seconds, the wheel's path in the target)."""
         started = time.monotonic()
-        built = self.execute("build", with_env(self.item.build, FLEETFIX_WHEEL_DIR=self.work))
+        values = {"FLEETFIX_WHEEL_DIR": self.work}
+        if self.source is not None:
+            values["FLEETFIX_SOURCE"] = self._push_source(self.source)
+        built = self.execute("build", with_env(self.item.build, **values))
         if not _ok(built):
             raise _ItemFailed("build failed: " + _why(built))
         seconds = time.monotonic() - started
         wheel = _the_wheel(self.transport, self.work, self.record["key"])
         _install_and_verify(self.item, self.execute, self.work, wheel, what="the built wheel")
         return seconds, wheel
+
+    def _push_source(self, source: SourceArchive) -> str:
+        """Exactly the controller's bytes of the source, in the work directory: their path there."""
+        remote = f"{self.work}/{source.filename}"
+        pushed = self.guest().push(source.path, remote, mode=0o600, max_bytes=max(source.size, 1))
+        if pushed.sha256 != source.sha256:
+            raise _ItemFailed(f"{source.filename} changed on the controller while it was pushed; not built")
+        return remote
 
     def build_and_store(self, cache: WheelCache, builder: str, *, rebuild: bool) -> str:
         """Build, install and verify here, then keep the wheel as builder's: unless it is not a compiled
@@ -327,8 +410,11 @@ class _ItemRun:
         incoming = cache.incoming(wheel.rpartition("/")[2])
         try:
             pulled = self.guest().pull(wheel, incoming, max_bytes=DEFAULT_MAX_BYTES)
+            source = self.source
             provenance = Provenance(builder, "build", round(seconds, 1),
-                                    build_command=self.redact(self.item.build))
+                                    build_command=self.redact(self.item.build),
+                                    sdist_sha256=source.sha256 if source is not None else None,
+                                    sdist=self.redact(source.shown) if source is not None else None)
             entry: CacheEntry = cache.store(self.record["key"], incoming, provenance)
         except WheelRefused as refused:
             self.event("wheel", **self.record, action="built-not-cached", reason=str(refused),

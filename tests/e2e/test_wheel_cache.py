@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetfix.wheelcache import WheelCache
+from fleetfix.wheels.cache import WheelCache
 from tests.e2e.conftest import CliResult, run_cli
 from tests.e2e.test_build_extensions import (  # noqa: F401  # session fixtures, used by name
     import_tiny,

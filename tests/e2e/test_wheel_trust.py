@@ -10,17 +10,27 @@ They report the victim's key (all three share the real torch venv and the same a
 `apply build-extensions` on the victim must build its own wheel, and the marker must never appear there.
 Before the trust model the victim reported "installed from the wheel cache (built on <attacker>)" and the
 marker said uid 0.
+
+Then the two settings that take the choice away from builders altogether: the controller holds the source
+(`extension_sources`, pinned), so the attacker's planted source is not what its build uses and the manifest
+records the sha256 the controller measured; and the CI wheelhouse only (`wheels: build: never`), under
+which the victim is refused before anything changes until a --wheelhouse has its key, and builds nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from fleetfix.wheels.cache import WheelCache
 from tests.e2e.conftest import CliResult, run_cli
 from tests.e2e.test_build_extensions import (  # noqa: F401  # session fixtures, used by name
     import_tiny,
@@ -30,7 +40,7 @@ from tests.e2e.test_build_extensions import (  # noqa: F401  # session fixtures,
 from tests.e2e.test_wheel_cache import BUILD, TINY, TOOLKIT, inventory
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
-from tests.lab.cli import TINY_EXTENSION_IN_CT, add_tiny_extension_source
+from tests.lab.cli import TINY_EXTENSION_IN_CT, add_tiny_extension_source, tiny_extension_sdist
 from tests.lab.container import Container
 from tests.lab.realtorch import RealTorch
 
@@ -123,3 +133,57 @@ def test_a_malicious_builder_cannot_get_code_into_another_container(
     listed = run_cli("wheels", "list", "--wheel-cache", str(cache), "--json").json()
     assert sorted(entry["built_on"] for entry in listed) == sorted([name(binary), name(victim)])
     assert all(entry["key"] == event["key"] and entry["source"] == "build" for entry in listed)
+
+    # 4. The controller holds the source, pinned: the binary attacker's planted source is still there, and
+    #    its build uses the controller's bytes instead; the manifest records their sha256 as measured here.
+    started = time.monotonic()
+    sdist = tiny_extension_sdist(tmp_path)
+    digest = hashlib.sha256(sdist.read_bytes()).hexdigest()
+    binary.sh(f"{real_torch.python} -m pip uninstall -y -q fleetfix-tiny-ext && rm -f {MARKER}")
+    inv_binary = inventory(tmp_path / "binary.yaml", lab, [(binary, "9.0")], real_torch.python)
+    document = yaml.safe_load(inv_binary.read_text())  # the operator's inventory names the source
+    document["defaults"]["vars"] = {
+        "extension_sources": {TINY_EXTENSION_IN_CT: {"url": str(sdist), "sha256": digest}}}
+    inv_binary.write_text(yaml.safe_dump(document))
+    sourced = run_cli("apply", BUILD, "-i", str(inv_binary), *common, timeout=1500)
+    assert sourced.exit_code == 0, sourced.stdout[-4000:] + sourced.stderr[-3000:]
+    (event,) = wheel_events(state, sourced).values()
+    assert event["action"] == "built" and event["key"]["sdist_sha256"] == digest, event
+    assert event["sdist"] == {"location": str(sdist), "sha256": digest, "size": sdist.stat().st_size}
+    assert import_tiny(binary, real_torch) == "13000"
+    assert binary.sh(f"test ! -e {MARKER}", check=False).returncode == 0  # the real extension, not the plant
+    listed = run_cli("wheels", "list", "--wheel-cache", str(cache), "--json").json()
+    (entry,) = [entry for entry in listed if entry["sdist_sha256"] == digest]
+    assert (entry["sdist"], entry["built_on"]) == (str(sdist), name(binary))
+    print(f"\n[measure] step 4 (one build from the controller's sdist): {time.monotonic() - started:.0f} s")
+
+    # 5. The CI wheelhouse only: the victim, its extension removed, is refused before anything changes (its
+    #    own cached build is not used either), then installs the wheel a --wheelhouse has for its key.
+    started = time.monotonic()
+    victim.sh(f"{real_torch.python} -m pip uninstall -y -q fleetfix-tiny-ext")
+    document = yaml.safe_load(inv_victim.read_text())
+    document["wheels"] = {"build": "never"}
+    inv_never = tmp_path / "never.yaml"
+    inv_never.write_text(yaml.safe_dump(document))
+    refused = run_cli("apply", BUILD, "-i", str(inv_never), *common, timeout=900)
+    assert refused.exit_code != 0, refused.stdout[-3000:]
+    steps = {step["name"]: step for step in refused.json()["targets"][0]["steps"]}
+    assert steps["build requirements installed"]["status"] == "skipped"
+    assert steps["compiler present"]["status"] == "skipped"
+    failed = steps["extensions built"]
+    assert failed["status"] == "failed" and "wheels: build: never" in failed["reason"], failed
+    assert "nothing changed: build it in CI for this key" in failed["reason"]
+    assert [event["action"] for event in wheel_events(state, refused).values()] == ["refused-no-build"]
+    assert victim.sh(f"{real_torch.python} -c 'import fleetfix_tiny_cuda'", check=False).returncode != 0
+    house = tmp_path / "ci-wheelhouse"
+    (own,) = [entry for entry in listed if entry["built_on"] == name(victim)]
+    own_dir = cache / WheelCache.entry_name(own["key"], own["builder"])
+    shutil.copytree(own_dir, house / own_dir.name)  # what a CI run of this key would have left
+    installed = run_cli("apply", BUILD, "-i", str(inv_never), *common, "--wheelhouse", str(house),
+                        timeout=900)
+    assert installed.exit_code == 0, installed.stdout[-4000:] + installed.stderr[-3000:]
+    (event,) = wheel_events(state, installed).values()
+    assert event["action"] == "installed-from-cache" and event["entry"] == own_dir.name, event
+    assert import_tiny(victim, real_torch) == "13000"
+    assert victim.sh(f"test ! -e {MARKER}", check=False).returncode == 0
+    print(f"[measure] step 5 (two applies under build: never): {time.monotonic() - started:.0f} s")

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -46,6 +47,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tarfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
@@ -192,6 +194,22 @@ def add_tiny_extension_source(ct: Container) -> None:
 def guest_repo_base(repo: AptRepo) -> str:
     """The repository's URL as a real VM reaches it: QEMU's guestfwd relay, not this machine's loopback."""
     return repo.base_url.replace(f"//{repo.host}:", f"//{qemuvm.GUEST_FORWARD_ADDRESS}:", 1)
+
+
+def tiny_extension_sdist(folder: Path) -> Path:
+    """The fixture as the sdist a controller would hold (folder/fleetfix_tiny_ext-0.1.0.tar.gz, PEP 625
+    naming, a PKG-INFO like setuptools writes), for `extension_sources`."""
+    top = "fleetfix_tiny_ext-0.1.0"
+    path = folder / f"{top}.tar.gz"
+    pkg_info = b"Metadata-Version: 2.1\nName: fleetfix-tiny-ext\nVersion: 0.1.0\n"
+    with tarfile.open(path, "w:gz") as archive:
+        info = tarfile.TarInfo(f"{top}/PKG-INFO")
+        info.size = len(pkg_info)
+        archive.addfile(info, io.BytesIO(pkg_info))
+        for source in sorted(TINY_EXTENSION_SOURCE.rglob("*")):
+            if source.is_file() and "__pycache__" not in source.parts and "build" not in source.parts:
+                archive.add(source, f"{top}/{source.relative_to(TINY_EXTENSION_SOURCE)}", recursive=False)
+    return path
 
 
 def write_inventory(path: Path, lab: Lab, repo: AptRepo, containers: Sequence[LabContainer],

@@ -17,8 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "fleetfix"
 # Bottom to top. A module may import its own layer and the layers below, never above.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("fleetfix", "fleetfix.errors", "fleetfix.target", "fleetfix.paths", "fleetfix.secrets",
-     "fleetfix.yamlsource", "fleetfix.boundedjson", "fleetfix.terminal", "fleetfix.wheelcache",
-     "fleetfix.releasewheels", "fleetfix.httpfetch", "fleetfix.wheellock", "fleetfix.wheelarchive",
+     "fleetfix.yamlsource", "fleetfix.boundedjson", "fleetfix.terminal", "fleetfix.wheels",
      "fleetfix.importahead"),
     ("fleetfix.transport",),
     ("fleetfix.guests",),

@@ -1,6 +1,6 @@
-"""Upstream's release wheels: the name a key asks for and the matching of names (releasewheels), the
-controller's bounded download (httpfetch) against a loopback stand-in, and the dist-info check
-(wheelcache.wheel_problem)."""
+"""Upstream's release wheels: the name a key asks for and the matching of names (wheels.release), the
+controller's bounded download (wheels.httpfetch) against a loopback stand-in, and the dist-info check
+(wheels.cache.wheel_problem)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fleetfix.httpfetch import Fetcher, FetchError
-from fleetfix.releasewheels import Candidate, candidate, label_for, mismatch
-from fleetfix.wheelcache import wheel_problem
+from fleetfix.wheels.cache import wheel_problem
+from fleetfix.wheels.httpfetch import Fetcher, FetchError
+from fleetfix.wheels.release import Candidate, candidate, label_for, mismatch
 from tests.lab.releases import ReleaseServer, make_wheel, refused_port
 from tests.lab.tlsca import TestCA
 

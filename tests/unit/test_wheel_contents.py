@@ -1,4 +1,4 @@
-"""What the wheel cache reads out of a wheel (fleetfix.wheelcache): bounded whatever the zip claims, and a
+"""What the wheel cache reads out of a wheel (fleetfix.wheels.cache): bounded whatever the zip claims, and a
 compiled key accepts only a wheel that is a compiled extension for it."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fleetfix.wheelarchive import MAX_METADATA_BYTES
-from fleetfix.wheelcache import (
+from fleetfix.wheels.archive import MAX_METADATA_BYTES
+from fleetfix.wheels.cache import (
     MAX_DIST_INFO_FILE,
     Provenance,
     WheelCache,
@@ -85,7 +85,7 @@ def test_a_wheel_whose_dist_info_says_purelib_is_refused(tmp_path: Path) -> None
 
 
 def test_a_metadata_within_the_archive_limit_is_still_read_with_the_tighter_cap(tmp_path: Path) -> None:
-    # The zip directory's limit for a dist-info file is wheelarchive's; METADATA, read into memory, has
+    # The zip directory's limit for a dist-info file is wheels.archive's; METADATA, read into memory, has
     # a tighter one of its own.
     size = MAX_DIST_INFO_FILE + 1
     assert size < MAX_METADATA_BYTES
@@ -131,7 +131,7 @@ import resource, sys
 from pathlib import Path
 limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-from fleetfix.wheelcache import wheel_problem
+from fleetfix.wheels.cache import wheel_problem
 print(wheel_problem(Path(sys.argv[1]), name="demo-ext", version="1.0", tag="cp311-cp311-linux_x86_64"))
 """
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fleetfix.errors import ConfigError
-from fleetfix.wheellock import load_wheel_lock
+from fleetfix.wheels.lock import load_wheel_lock
 
 REPO = Path(__file__).resolve().parents[2]
 HEX = "4f" * 32
@@ -24,6 +24,8 @@ wheels:
     {URL}: sha256:{HEX}
     http://mirror.internal/gh/causal_conv1d-1.6.1-cp312-cp312-linux_x86_64.whl: {HEX.upper()}
   Mamba_SSM: {{}}
+  fleetfix-tiny-ext:
+    https://sdists.internal/fleetfix_tiny_ext-0.1.0.tar.gz: {HEX}
 """
 
 
@@ -35,12 +37,14 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_pins_are_read_with_where_they_are(tmp_path: Path) -> None:
     lock = load_wheel_lock(write(tmp_path, GOOD))
-    assert len(lock) == 2
+    assert len(lock) == 3
     pin = lock.pin(URL)
     assert pin is not None and (pin.sha256, pin.where) == (HEX, f"{tmp_path}/wheels.lock:4")
     mirror = lock.pin("http://mirror.internal/gh/causal_conv1d-1.6.1-cp312-cp312-linux_x86_64.whl")
     assert mirror is not None and mirror.sha256 == HEX  # bare hex, any case, as sha256sum prints it
     assert lock.pin(URL.replace("v1.6.1", "v1.6.2")) is None
+    sdist = lock.pin("https://sdists.internal/fleetfix_tiny_ext-0.1.0.tar.gz")  # an item's source
+    assert sdist is not None and sdist.where == f"{tmp_path}/wheels.lock:8"
     assert len(load_wheel_lock(write(tmp_path, "wheels:\n"))) == 0
 
 
@@ -62,6 +66,10 @@ def test_pins_are_read_with_where_they_are(tmp_path: Path) -> None:
      f"wheels.causal_conv1d.{URL}", "this URL is pinned already, at"),
     ("wheels:\n  causal-conv1d: sha256:abc\n", 2, "wheels.causal-conv1d", "expected a mapping of URL"),
     ("wheels: [a]\n", 1, "wheels", "expected a mapping of distribution name"),
+    (f"wheels:\n  mamba-ssm:\n    https://x/causal-conv1d-1.6.1.tar.gz: {HEX}\n", 3,
+     "wheels.mamba-ssm.https://x/causal-conv1d-1.6.1.tar.gz", "the file is causal-conv1d's, not mamba-ssm's"),
+    (f"wheels:\n  causal-conv1d:\n    https://x/causal-conv1d.tar.bz2: {HEX}\n", 3,
+     "wheels.causal-conv1d.https://x/causal-conv1d.tar.bz2", "or an sdist (.tar.gz, .zip)"),
     ("pins: {}\n", 1, None, "a wheel lock is a mapping with one key, wheels"),
 ])
 def test_a_bad_lock_is_one_line_naming_file_line_and_field(tmp_path: Path, text: str, line: int,

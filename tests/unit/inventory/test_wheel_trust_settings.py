@@ -60,6 +60,9 @@ def test_rules_add_up() -> None:
     ("wheels:\n  trust:\n    - {builders: [builder]}\n",
      "inv.yaml:13: wheels.trust.0.install_on:"),
     ("wheels:\n  trusted: []\n", "inv.yaml:12: wheels.trusted:"),
+    ("wheels:\n  build: no\n", "inv.yaml:12: wheels.build: Input should be 'allowed' or 'never'"),
+    ("wheels:\n  build: never\n  builder: {node: pve1, template: 9000}\n",
+     "inv.yaml:12: wheels.build: never: no wheel is built, so wheels.builder would never be used"),
 ])
 def test_a_bad_rule_is_one_line_naming_file_line_and_field(text: str, expected: str) -> None:
     with pytest.raises(InventoryError) as caught:
@@ -67,3 +70,11 @@ def test_a_bad_rule_is_one_line_naming_file_line_and_field(text: str, expected: 
     message = str(caught.value)
     assert "\n" not in message and message.startswith(expected), message
     assert caught.value.exit_code == 2
+
+
+def test_build_never_is_the_ci_wheelhouse_only_for_every_target() -> None:
+    def builds(text: str) -> set[bool]:
+        return {target.wheel_build for target in parse_inventory(NODES + text, "inv.yaml").targets}
+
+    assert builds("") == {True} and builds("wheels:\n  build: allowed\n") == {True}
+    assert builds("wheels:\n  build: never\n") == {False}

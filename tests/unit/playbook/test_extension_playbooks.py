@@ -123,15 +123,20 @@ def run_build(facts: dict[str, Any], tmp_path: Path, *, check: bool = False, **c
 
 
 def plan_lines(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
-    """SPEC, MODULES, ENV of each line (release_lines: the fourth field)."""
+    """SPEC, MODULES, ENV of each line (release_lines: the fourth field, source_lines: the last two)."""
     return [fields[:3] for fields in plan_fields(facts, **cli_vars)]
 
 
 def plan_fields(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
     text = plan(BUILD, facts, **cli_vars).plays[0].vars["extension_plan"]
     lines = [line.split(US) for line in text.splitlines()]
-    assert all(len(fields) == 4 for fields in lines), lines
+    assert all(len(fields) == 6 for fields in lines), lines
     return lines
+
+
+def source_lines(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
+    """SOURCE, SOURCE_SHA256 of each line (extension_sources)."""
+    return [fields[4:] for fields in plan_fields(facts, **cli_vars)]
 
 
 def release_lines(facts: dict[str, Any], **cli_vars: Any) -> list[str]:
@@ -191,6 +196,22 @@ def test_release_wheel_templates_come_from_the_catalog(facts: dict[str, Any]) ->
     assert mirrored[0].startswith("http://127.0.0.1:8080/gh/Dao-AILab/causal-conv1d/releases/download/")
     for off in (False, "false", "no", "0"):  # --var gives a string
         assert release_lines(facts, extensions=given, upstream_wheels=off) == ["", "", "", ""]
+
+
+def test_extension_sources_name_each_items_sdist_by_its_entry_spec_or_catalog_name(
+        facts: dict[str, Any]) -> None:
+    given = "causal-conv1d mamba_ssm /src/tiny=tiny_cuda flash-attn"
+    pin = "a" * 64
+    sources = {"causal-conv1d": {"url": "https://example.test/causal_conv1d-1.6.1.tar.gz", "sha256": pin},
+               "/src/tiny": "file:///srv/sdists/tiny-0.1.tar.gz",  # a custom entry: by its SPEC
+               "mamba-ssm": {"url": "/srv/sdists/mamba_ssm-2.2.4.tar.gz"}}  # by the catalog's name
+    assert source_lines(facts, extensions=given, extension_sources=sources) == [
+        ["https://example.test/causal_conv1d-1.6.1.tar.gz", pin],
+        ["/srv/sdists/mamba_ssm-2.2.4.tar.gz", ""],
+        ["file:///srv/sdists/tiny-0.1.tar.gz", ""],
+        ["", ""],  # none named: the target's pip fetches it, as before
+    ]
+    assert source_lines(facts, extensions=given) == [["", ""]] * 4
 
 
 def test_probe_fix_vars_are_accepted(facts: dict[str, Any]) -> None:
@@ -333,7 +354,7 @@ def test_the_cache_key_of_an_extension(facts: dict[str, Any], fake_python: Path,
     from fleetfix.guests.node import NodeGuest
     from fleetfix.playbook.wheels import WheelOptions
     from fleetfix.transport.local import LocalTransport
-    from fleetfix.wheelcache import WheelCache
+    from fleetfix.wheels.cache import WheelCache
     from tests.lab.releases import make_wheel
 
     # What the cache keeps is a compiled extension: an x86_64 ELF header stands in for the module.

@@ -19,7 +19,7 @@ from fleetfix.playbook.runner import PlaybookRun, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
-from fleetfix.wheelcache import WheelCache
+from fleetfix.wheels.cache import WheelCache
 from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from
 
 

@@ -13,13 +13,13 @@ from typing import Any
 import pytest
 
 from fleetfix.guests.node import NodeGuest
-from fleetfix.httpfetch import Fetcher
 from fleetfix.playbook.runner import PlaybookRun, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
-from fleetfix.releasewheels import ReleaseDigests
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
-from fleetfix.wheelcache import WheelCache
+from fleetfix.wheels.cache import WheelCache
+from fleetfix.wheels.httpfetch import Fetcher
+from fleetfix.wheels.release import ReleaseDigests
 from tests.lab.releases import ReleaseServer, github_api, make_wheel, refused_port
 from tests.lab.tlsca import TestCA
 from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from

@@ -18,7 +18,7 @@ from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import NodeRef, Target, WheelBuilder
 from fleetfix.transport.base import CommandResult, OutputSink
 from fleetfix.transport.local import LocalTransport
-from fleetfix.wheelcache import WheelCache
+from fleetfix.wheels.cache import WheelCache
 from tests.unit.playbook.conftest import StandInFleet, playbook_from
 from tests.unit.playbook.test_transfer_and_wheel_steps import ListRecorder
 from tests.unit.playbook.test_wheel_trust_steps import BOOK, builds, built_on, hosts

@@ -3,7 +3,7 @@ that builds could get code into another guest through the controller's cache, ru
 this machine (local targets, real files, real sh, as test_transfer_and_wheel_steps.py).
 
 A "compiled" wheel here is one whose dist-info says so and that holds an ELF header for x86_64 (what
-wheelcache.compiled_wheel_problem reads); the attacker's wheels are named like the real one."""
+wheels.cache.compiled_wheel_problem reads); the attacker's wheels are named like the real one."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.secrets import MASK, Redactor
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
-from fleetfix.wheelcache import WheelCache, canonical_name, key_digest
+from fleetfix.wheels.cache import WheelCache, canonical_name, key_digest
 from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from
 from tests.unit.playbook.test_transfer_and_wheel_steps import ListRecorder
 

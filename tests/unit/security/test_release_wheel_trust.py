@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from fleetfix import wheelarchive
-from fleetfix.httpfetch import Fetcher, FetchError
-from fleetfix.releasewheels import ReleaseDigests, parse_release, release_api_url
-from fleetfix.wheellock import load_wheel_lock
+from fleetfix.wheels import archive as wheelarchive
+from fleetfix.wheels.httpfetch import Fetcher, FetchError
+from fleetfix.wheels.lock import load_wheel_lock
+from fleetfix.wheels.release import ReleaseDigests, parse_release, release_api_url
 from tests.lab.releases import ReleaseServer, github_api
 from tests.lab.tlsca import TestCA
 

@@ -156,7 +156,7 @@ def test_a_state_dir_from_the_environment_is_private_with_its_parents(tmp_path: 
 
 
 def test_a_new_wheel_cache_and_its_parents_are_private_under_umask_000(tmp_path: Path) -> None:
-    from fleetfix.wheelcache import WheelCache
+    from fleetfix.wheels.cache import WheelCache
 
     root = tmp_path / "a" / "b" / "cache"
     old = os.umask(0)

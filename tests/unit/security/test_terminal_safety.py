@@ -116,7 +116,7 @@ def hostile_cache(root: Path) -> None:
     """A wheel cache whose one entry carries what a target controls: the key's values (rendered from its
     facts), and a target name (a discovered guest's is its hostname) as the builder; the source is a URL
     whose bytes the controller did not choose."""
-    from fleetfix.wheelcache import Provenance, WheelCache, target_builder
+    from fleetfix.wheels.cache import Provenance, WheelCache, target_builder
     from tests.lab.releases import make_wheel
     from tests.unit.test_wheel_contents import elf
 

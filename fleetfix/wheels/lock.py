@@ -7,9 +7,11 @@ commit next to their inventory (docs/extensions.md, "The wheel lock").
         https://github.com/Dao-AILab/.../causal_conv1d-1.6.1+cu12torch2.8...whl: sha256:4f1c...
 
 Distribution name → URL → sha256 (`sha256:<hex>` as GitHub's API writes it, or the bare hex `sha256sum`
-prints). A pinned digest authenticates the file whatever carries it, so a URL here may be a plain-http
-mirror. Every mistake is one line naming file, line and field: a name that is not the URL's file's
-distribution, a URL that is not a file over http(s), a digest that is not 64 hex digits, a URL twice.
+prints). A URL is a release wheel's (.whl) or a source archive's (an sdist, .tar.gz or .zip, that a
+`wheels` item names as its `source:`, fleetfix.wheels.source). A pinned digest authenticates the file
+whatever carries it, so a URL here may be a plain-http mirror. Every mistake is one line naming file, line
+and field: a name that is not the URL's file's distribution, a URL that is not a file over http(s), a
+digest that is not 64 hex digits, a URL twice.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetfix.wheelcache import canonical_name
+from fleetfix.wheels.cache import canonical_name
+from fleetfix.wheels.source import sdist_name_version
 from fleetfix.yamlsource import Locations, load_yaml
 
 _DIGEST = re.compile(r"^(?:sha256:)?([0-9a-fA-F]{64})$")
@@ -82,10 +85,14 @@ def _check_url(name: str, url: Any, where: Locations, loc: tuple[str, ...]) -> N
     except ValueError:  # a malformed host, e.g. an unclosed [
         parts = None
     if parts is None or parts.scheme.lower() not in ("http", "https") or not parts.hostname \
-            or parts.query or parts.fragment or not parts.path.endswith(".whl"):
-        raise where.error(loc, "expected the http(s) URL of a .whl file")
+            or parts.query or parts.fragment or not parts.path.endswith((".whl", ".tar.gz", ".zip")):
+        raise where.error(loc, "expected the http(s) URL of a .whl file or an sdist (.tar.gz, .zip)")
     filename = urllib.parse.unquote(parts.path.rpartition("/")[2])
-    dist = _DIST.match(filename)
-    if dist is None or canonical_name(dist[1]) != canonical_name(name):
+    if filename.endswith(".whl"):
+        dist = _DIST.match(filename)
         found = canonical_name(dist[1]) if dist else filename
+    else:
+        names = sdist_name_version(filename)
+        found = names[0] if isinstance(names, tuple) else filename
+    if found != canonical_name(name):
         raise where.error(loc, f"the file is {found}'s, not {canonical_name(name)}'s")

@@ -5,7 +5,7 @@
         fleetfix_tiny_ext-0.1.0-cp311-cp311-linux_x86_64.whl    0600
         manifest.json                           0600: key, key digest, builder, wheel, sha256, size,
                                                 built_on, built_at (UTC), build_seconds, source,
-                                                build_command, sdist_sha256
+                                                build_command, sdist, sdist_sha256
       .locks/<sha256 of key and scope>.lock     flock: one build at a time per key and set of trusted builders
       .incoming/                                pulls land here first (same filesystem: rename into place)
 
@@ -53,7 +53,7 @@ from typing import IO, Any
 
 from fleetfix.errors import ConfigError
 from fleetfix.paths import private_dir
-from fleetfix.wheelarchive import members_problem
+from fleetfix.wheels.archive import members_problem
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 2  # 1: before builders were recorded; such entries are read only in wheelhouses
@@ -76,7 +76,7 @@ _PEP440_VERSION = re.compile(r"""
     (?:\+[a-z0-9]+(?:[_.][a-z0-9]+)*)?""", re.IGNORECASE | re.VERBOSE)
 _MAX_NAME = 200  # longer names and versions are refused: they end up in a directory name
 
-# The builder of upstream's release wheels: the controller downloaded them itself (releasewheels.py).
+# The builder of upstream's release wheels: the controller downloaded them itself (wheels/release.py).
 UPSTREAM = "upstream"
 _TARGET = "target:"  # a builder that is an inventory target: "target:<its name>"
 
@@ -315,6 +315,7 @@ class Provenance:
     build_seconds: float | None = None
     build_command: str | None = None  # the build script the controller sent, as rendered
     sdist_sha256: str | None = None  # only when the controller itself had the source archive
+    sdist: str | None = None  # where the controller took that archive from (a path or URL)
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,7 @@ class CacheEntry:
     builder: str = ""  # target_builder(name) or UPSTREAM; "" in a version 1 manifest (a wheelhouse's)
     build_command: str | None = None
     sdist_sha256: str | None = None
+    sdist: str | None = None
 
     @property
     def path(self) -> Path:
@@ -345,7 +347,7 @@ class CacheEntry:
                 "builder": self.builder, "wheel": self.wheel, "sha256": self.sha256, "size": self.size,
                 "built_on": self.built_on, "built_at": self.built_at, "build_seconds": self.build_seconds,
                 "source": self.source, "build_command": self.build_command,
-                "sdist_sha256": self.sdist_sha256}
+                "sdist": self.sdist, "sdist_sha256": self.sdist_sha256}
 
 
 @dataclass
@@ -372,7 +374,7 @@ def _read_entry(directory: Path, *, legacy: bool = False) -> CacheEntry:
         raise ValueError(f"manifest names no wheel file: {wheel!r}")
     seconds = data.get("build_seconds")
     optional = {name: str(data[name]) if isinstance(data.get(name), str) else None
-                for name in ("build_command", "sdist_sha256")}
+                for name in ("build_command", "sdist_sha256", "sdist")}
     return CacheEntry(directory, {str(k): v for k, v in key.items()}, wheel, str(data["sha256"]),
                       int(data["size"]), str(data.get("built_on", "")), str(data.get("built_at", "")),
                       float(seconds) if isinstance(seconds, int | float) else None,
@@ -540,7 +542,7 @@ class WheelCache:
         entry = CacheEntry(directory, dict(key), wheel.name, file_sha256(target), target.stat().st_size,
                            builder_label(provenance.builder), built_at,
                            provenance.build_seconds, provenance.source, provenance.builder,
-                           provenance.build_command, provenance.sdist_sha256)
+                           provenance.build_command, provenance.sdist_sha256, provenance.sdist)
         manifest = staging / MANIFEST
         fd = os.open(manifest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:

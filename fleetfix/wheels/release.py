@@ -13,7 +13,7 @@ template that hard-codes a field, or a key this scheme cannot express (a pre-rel
 major no setup.py maps, an unknown ABI), gives no candidate rather than a wrong wheel. All of that is pure.
 
 `ReleaseDigests` says which sha256 the file must have before it is fetched: the operator's wheel lock
-(`wheellock.py`), else the digest GitHub's REST API publishes for the release asset, asked through the
+(`wheels/lock.py`), else the digest GitHub's REST API publishes for the release asset, asked through the
 run's `Fetcher`.
 """
 
@@ -27,9 +27,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fleetfix import boundedjson
-from fleetfix.httpfetch import Expected, Fetcher, FetchError, scheme_of
-from fleetfix.wheelcache import canonical_name
-from fleetfix.wheellock import WheelLock
+from fleetfix.wheels.cache import canonical_name
+from fleetfix.wheels.httpfetch import Expected, Fetcher, FetchError, scheme_of
+from fleetfix.wheels.lock import WheelLock
 
 PLACEHOLDERS = ("version", "cuda_major", "torch", "cxx11abi", "python_tag", "platform")
 # The key fields the label is derived from (build-extensions.yaml's wheels key has them all).
