@@ -1,0 +1,38 @@
+"""Running work on a fleet: every decision about how many things run at once lives in this package.
+
+- `run`: `Fleet.map`, the one place a target's concurrency is decided (nodes at once, channels per node,
+  staged targets that need no thread, interrupts);
+- the names below are the package's public ones; callers import them from `fleetfix.fleet`.
+"""
+
+from __future__ import annotations
+
+from fleetfix.fleet.run import (
+    DEFAULT_CHANNELS_PER_NODE,
+    DEFAULT_FORKS,
+    Connector,
+    EventHandler,
+    Fleet,
+    NodeConnection,
+    Outcome,
+    Pending,
+    RunOnThread,
+    StartFn,
+    Status,
+    interrupt_all,
+)
+
+__all__ = [
+    "DEFAULT_CHANNELS_PER_NODE",
+    "DEFAULT_FORKS",
+    "Connector",
+    "EventHandler",
+    "Fleet",
+    "NodeConnection",
+    "Outcome",
+    "Pending",
+    "RunOnThread",
+    "StartFn",
+    "Status",
+    "interrupt_all",
+]
