@@ -2,23 +2,22 @@
 
 - `run`: `Fleet.map`, the one place a target's concurrency is decided (nodes at once, channels per node,
   staged targets that need no thread, interrupts);
+- `connections`: one connection per node for the Fleet's lifetime (the pool, become, dial-ahead);
+- `outcome`: the one `Outcome` type, and how an exception raised for a target becomes one;
 - the names below are the package's public ones; callers import them from `fleetfix.fleet`.
 """
 
 from __future__ import annotations
 
+from fleetfix.fleet.connections import Connector, NodeConnection
+from fleetfix.fleet.outcome import EventHandler, Outcome, Status
 from fleetfix.fleet.run import (
     DEFAULT_CHANNELS_PER_NODE,
     DEFAULT_FORKS,
-    Connector,
-    EventHandler,
     Fleet,
-    NodeConnection,
-    Outcome,
     Pending,
     RunOnThread,
     StartFn,
-    Status,
     interrupt_all,
 )
 
