@@ -30,7 +30,7 @@ from fleetfix.errors import FleetfixError
 from fleetfix.fleet.outcome import Outcome
 from fleetfix.fleet.run import Fleet, Pending, RunOnThread
 from fleetfix.guests import NODE_BATCHES
-from fleetfix.guests.pctbatch import PctBatch, Submitted
+from fleetfix.guests.pctbatch import BatchCommand, PctBatch, Submitted
 from fleetfix.target import Target
 from fleetfix.transport.base import SHELL_STDIN, CommandResult, Transport, command_line, run_script
 
@@ -236,10 +236,10 @@ class NodeBatches(Generic[N]):
         script = self._job.script(target)
         if len(command_line([script])) > self.MAX_COMMAND_LINE:  # as quoted for the node's shell
             return None
-        return NODE_BATCHES[target.guest.kind](
-            node, target.node.name, SHELL_STDIN, stdin=script, timeout=self._job.timeout,
-            max_output=self._fleet.max_output, expected=self._expected[key],
-            node_script=self._job.node_script)
+        command = BatchCommand(SHELL_STDIN, script, self._job.timeout, self._job.node_script)
+        make = NODE_BATCHES[target.guest.kind]
+        return make(node, target.node.name, command, max_output=self._fleet.max_output,
+                    expected=self._expected[key])
 
     def close(self) -> None:
         """No more targets: each node finishes what it runs and ends its channel."""

@@ -68,6 +68,18 @@ _MAX_HEADER = 128
 NODE_JOB = 0  # the node script's frame id: no container has it (Proxmox CTIDs start at 100)
 
 
+@dataclass(frozen=True)
+class BatchCommand:
+    """What a batch runs: `argv` in every container (`pct exec CTID -- argv`, under `timeout`), each with
+    its own copy of `stdin`, and `node_script` on the node itself ("": none). stdin travels as one argument
+    of the node's command line, so it is text and the caller keeps it under Linux's 128 KiB per argument."""
+
+    argv: Sequence[str]
+    stdin: str
+    timeout: float
+    node_script: str = ""
+
+
 @dataclass
 class Submitted:
     """One container fed to the batch: its result comes later (`PctBatch.result`)."""
@@ -148,18 +160,15 @@ class PctBatch:
     `submit_node()` and `node_result` do the same for `node_script`, run on the node itself.
     `close()` when no more ids will come (the batch also ends by itself after `expected` ids)."""
 
-    def __init__(
-        self, node: FeedableTransport, node_name: str, argv: Sequence[str], *, stdin: str,
-        timeout: float, max_output: int, expected: int, node_script: str = "",
-    ) -> None:
+    def __init__(self, node: FeedableTransport, node_name: str, command: BatchCommand, *, max_output: int,
+                 expected: int) -> None:
         self._node = node
         self._node_name = node_name
-        self._timeout = timeout
-        self._backstop = watchdog_seconds(timeout) + NODE_BACKSTOP_SECONDS
-        # stdin travels as one argument of the node's command line (text; the caller keeps it < 128 KiB).
-        self._argv = ("perl", "-e", driver(), "--", str(self._backstop), str(max_output), stdin, node_script,
-                      *container_argv(argv, timeout))
-        self._has_node_script = bool(node_script)
+        self._timeout = command.timeout
+        self._backstop = watchdog_seconds(command.timeout) + NODE_BACKSTOP_SECONDS
+        self._argv = ("perl", "-e", driver(), "--", str(self._backstop), str(max_output), command.stdin,
+                      command.node_script, *container_argv(command.argv, command.timeout))
+        self._has_node_script = bool(command.node_script)
         self._expected = expected
         self._fed = 0
         self._feed = StdinFeed()

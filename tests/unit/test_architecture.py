@@ -22,6 +22,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "fleetfix.importahead"),
     ("fleetfix.transport",),
     ("fleetfix.guests",),
+    # The fleet package, bottom to top: what a target's run came to, the node connections, Fleet.map (where
+    # concurrency is decided), then what runs over it (the node batches) and the package's public names.
+    ("fleetfix.fleet.outcome",),
+    ("fleetfix.fleet.connections",),
+    ("fleetfix.fleet.run",),
     ("fleetfix.fleet",),
     ("fleetfix.command", "fleetfix.inventory"),
     ("fleetfix.probe",),
