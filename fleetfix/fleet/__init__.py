@@ -4,6 +4,8 @@
   staged targets that need no thread, interrupts);
 - `connections`: one connection per node for the Fleet's lifetime (the pool, become, dial-ahead);
 - `outcome`: the one `Outcome` type, and how an exception raised for a target becomes one;
+- `batches`: one script on every target, a node's containers over one channel and the node's own script
+  once (`run_scripts`); the probe passes in what it runs and how it reads the output;
 - the names below are the package's public ones; callers import them from `fleetfix.fleet`.
 """
 
