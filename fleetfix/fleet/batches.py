@@ -23,7 +23,6 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from fleetfix.errors import FleetfixError
@@ -38,28 +37,52 @@ N = TypeVar("N")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
+# ScriptJob, NodeScript and Ran are plain classes, not dataclasses: the probe's start-up imports this
+# module, and making a dataclass costs several times what a plain class does.
+
+
+class NodeScript(Generic[N]):
+    """A script run on the node itself, once, for the targets on the node's kernel; `parse` reads its
+    stdout (exit 0 only) once per node."""
+
+    __slots__ = ("parse", "script", "timeout")
+
+    def __init__(self, script: str, timeout: float, parse: Callable[[str], N]) -> None:
+        self.script = script
+        self.timeout = timeout
+        self.parse = parse
+
+
 class ScriptJob(Generic[N]):
-    """What `run_scripts` runs and how its results are read; nothing here says how many run at once."""
+    """What `run_scripts` runs and how its results are read; nothing here says how many run at once.
 
-    name: str  # what the script is called in a timeout's message ("probe")
-    script: Callable[[Target], str]  # the target's script as sent; the same for targets with the same key
-    key: Callable[[Target], Hashable]  # targets of one node with equal keys can share a batch
-    timeout: float
-    node_script: str  # run once per node, for targets on the node's kernel
-    node_timeout: float
-    node_parse: Callable[[str], N]  # the node script's stdout, read once per node (its exit 0 only)
-    on_first_start: Callable[[], object] | None = None  # once, as the first target's script goes out
+    name: what the script is called in a timeout's message ("probe"); script(target): the target's script
+    as sent, the same for targets with the same key(target), so targets of one node with equal keys can
+    share a batch; on_first_start: called once, as the first target's script goes out."""
+
+    __slots__ = ("key", "name", "node", "on_first_start", "script", "timeout")
+
+    def __init__(self, name: str, script: Callable[[Target], str], key: Callable[[Target], Hashable],
+                 timeout: float, node: NodeScript[N], on_first_start: Callable[[], object] | None = None,
+                 ) -> None:
+        self.name = name
+        self.script = script
+        self.key = key
+        self.timeout = timeout
+        self.node = node
+        self.on_first_start = on_first_start
 
 
-@dataclass
 class Ran(Generic[N]):
     """A target whose script has ended: its output, not read yet, and its node's parsed result."""
 
-    target: Target
-    stdout: str
-    node: N | None
-    duration: float
+    __slots__ = ("duration", "node", "stdout", "target")
+
+    def __init__(self, target: Target, stdout: str, node: N | None, duration: float) -> None:
+        self.target = target
+        self.stdout = stdout
+        self.node = node
+        self.duration = duration
 
 
 def script_output(result: CommandResult, job: ScriptJob[N]) -> str:
@@ -183,15 +206,15 @@ class _NodeOnce(Generic[N]):
             self._results[target.node.name] = self._gather(target)
 
     def _gather(self, target: Target) -> N | None:
-        job = self._job
+        node = self._job.node
         with self._lock:
             batched = self._batched.get(target.node.name)
-        result = batched[0].node_result(batched[1], job.node_timeout) if batched is not None else None
+        result = batched[0].node_result(batched[1], node.timeout) if batched is not None else None
         if result is None:  # no batch, or it could not run the script: a channel of its own
-            result = run_script(self._fleet.node_transport(target), job.node_script, timeout=job.node_timeout)
+            result = run_script(self._fleet.node_transport(target), node.script, timeout=node.timeout)
         if not result.ok:
             return None
-        return job.node_parse(result.stdout)
+        return node.parse(result.stdout)
 
 
 class NodeBatches(Generic[N]):
@@ -236,7 +259,7 @@ class NodeBatches(Generic[N]):
         script = self._job.script(target)
         if len(command_line([script])) > self.MAX_COMMAND_LINE:  # as quoted for the node's shell
             return None
-        command = BatchCommand(SHELL_STDIN, script, self._job.timeout, self._job.node_script)
+        command = BatchCommand(SHELL_STDIN, script, self._job.timeout, self._job.node.script)
         make = NODE_BATCHES[target.guest.kind]
         return make(node, target.node.name, command, max_output=self._fleet.max_output,
                     expected=self._expected[key])

@@ -155,7 +155,7 @@ class Fleet:
     ) -> list[Outcome[R]]:
         """Call fn(target, transport) for every target; one Outcome per target, in input order. With start,
         each target is first offered to start (see `Pending`); fn runs for those it returns None for."""
-        run = _Map(self, targets, fn, start, on_event, [None] * len(targets))
+        run = _Map(self, targets, fn, start, on_event)
         by_node: dict[Hashable, list[int]] = {}
         for index, target in enumerate(targets):
             by_node.setdefault(node_key(target), []).append(index)
@@ -184,16 +184,17 @@ class Fleet:
         self.close()
 
 
-@dataclass
 class _Map(Generic[R]):
     """One call of `Fleet.map`: its targets, what runs for each, and the outcomes so far (by index)."""
 
-    fleet: Fleet
-    targets: Sequence[Target]
-    fn: Callable[[Target, Transport], R]
-    start: StartFn[R] | None
-    on_event: EventHandler | None
-    outcomes: list[Outcome[R] | None]
+    def __init__(self, fleet: Fleet, targets: Sequence[Target], fn: Callable[[Target, Transport], R],
+                 start: StartFn[R] | None, on_event: EventHandler | None) -> None:
+        self.fleet = fleet
+        self.targets = targets
+        self.fn = fn
+        self.start = start
+        self.on_event = on_event
+        self.outcomes: list[Outcome[R] | None] = [None] * len(targets)
 
     def run_node(self, indices: list[int]) -> None:
         """One node's targets: on this thread if it is one, staged with `start`, else on threads."""

@@ -68,16 +68,19 @@ _MAX_HEADER = 128
 NODE_JOB = 0  # the node script's frame id: no container has it (Proxmox CTIDs start at 100)
 
 
-@dataclass(frozen=True)
 class BatchCommand:
     """What a batch runs: `argv` in every container (`pct exec CTID -- argv`, under `timeout`), each with
     its own copy of `stdin`, and `node_script` on the node itself ("": none). stdin travels as one argument
-    of the node's command line, so it is text and the caller keeps it under Linux's 128 KiB per argument."""
+    of the node's command line, so it is text and the caller keeps it under Linux's 128 KiB per argument.
+    A plain class: making a dataclass costs several times as much, and this module is in every start-up."""
 
-    argv: Sequence[str]
-    stdin: str
-    timeout: float
-    node_script: str = ""
+    __slots__ = ("argv", "node_script", "stdin", "timeout")
+
+    def __init__(self, argv: Sequence[str], stdin: str, timeout: float, node_script: str = "") -> None:
+        self.argv = argv
+        self.stdin = stdin
+        self.timeout = timeout
+        self.node_script = node_script
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, TypeVar, cast
 
 from fleetfix.errors import ExitCode, FleetfixError
 from fleetfix.fleet import Fleet, Outcome
-from fleetfix.fleet.batches import Ran, ScriptJob, run_scripts, script_output
+from fleetfix.fleet.batches import NodeScript, Ran, ScriptJob, run_scripts, script_output
 from fleetfix.importahead import import_ahead
 from fleetfix.probe.script import build_node_script, build_probe_script
 from fleetfix.target import Target
@@ -183,11 +183,9 @@ def _probe(
 
 def _probe_job(deep: bool, on_first_start: Callable[[], object] | None = None) -> ScriptJob[NodeFacts]:
     """The probe as the fleet runs it: the script for each target, its node's script, their limits."""
-    return ScriptJob(
-        name="probe", script=_script_for(deep), key=_script_key,
-        timeout=DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT,
-        node_script=build_node_script(), node_timeout=NODE_FACTS_TIMEOUT, node_parse=_parse_node_facts,
-        on_first_start=on_first_start)
+    node = NodeScript(build_node_script(), NODE_FACTS_TIMEOUT, _parse_node_facts)
+    return ScriptJob("probe", _script_for(deep), _script_key, DEEP_PROBE_TIMEOUT if deep else PROBE_TIMEOUT,
+                     node, on_first_start)
 
 
 def _script_key(target: Target) -> Hashable:
