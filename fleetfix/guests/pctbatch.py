@@ -1,9 +1,9 @@
 """Many containers of one node over one SSH channel: the node runs their `pct exec`s and frames the results.
 
-Why: paramiko spends ~1.8 ms of controller CPU per exec channel (open, exec request, window, data, EOF,
-close, exit status: a dozen packets, each ~0.15 ms in Python; measured on an open connection), and the
-probe's 44 KB script went out once per container. Here a node's containers share one channel and the
-script is sent once (docs/performance.md, issue 21).
+Why: every exec channel costs the controller a dozen SSH packets (open, exec request, window, data, EOF,
+close, exit status), each handled in Python by paramiko, and the probe's script would go out once per
+container. Here a node's containers share one channel and the script is sent once (docs/performance.md
+has the measurements).
 
 The protocol. The controller runs the driver (`pctbatch.pl`) on the node with: the backstop in seconds,
 the most bytes of one container's stdout (and, apart, stderr) to keep, the bytes every container gets on
@@ -12,7 +12,7 @@ command; docs/security.md, cross-guest paths), a script for the node itself (emp
 for `pct exec CTID -- ...`. It writes
 container ids to the driver's stdin, one per line, as it starts each target, so the node starts exactly
 what the controller started: Fleet's `channels_per_node` and an interrupt (start nothing more) mean what
-they mean with a channel per container.
+they mean with a channel per container (fleetfix.fleet decides both; this module only carries them out).
 EOF ends the batch once the containers in flight are done. The line `node` instead of an id runs the
 batch's node script on the node itself (`submit_node`: the probe's node facts, one channel fewer per node).
 Each container's result is one frame, written in one piece when it has ended (the node script's: CTID 0):
@@ -24,8 +24,8 @@ for a signal.
 
 Why Perl: `pct` is Perl (pve-container's `src/PVE/CLI/pct.pm`), so wherever there is a pct to run there is
 a perl with POSIX and IO::Select. The driver forks once per container, for pct itself: a shell would add a
-subshell, `timeout`, `flock` and `cat` per container (measured on this bed: 9.3 ms of the node's CPU per
-container against 4.2 ms here, where one channel per container costs 5.4 ms plus sshd's session).
+subshell, `timeout`, `flock` and `cat` per container, which cost the node more CPU per container than a
+channel of its own (docs/performance.md).
 
 Timeouts: the watchdog inside the container fires first (`container_argv`, as with a channel each). The
 driver's backstop, two to three seconds later (its clock counts whole seconds), SIGKILLs that pct's process
@@ -66,6 +66,21 @@ def driver() -> str:
 _HEADER = re.compile(rb"fleetfix-batch (\d+) (-?\d+) (\d+) (\d+) (\d+)\n")
 _MAX_HEADER = 128
 NODE_JOB = 0  # the node script's frame id: no container has it (Proxmox CTIDs start at 100)
+
+
+class BatchCommand:
+    """What a batch runs: `argv` in every container (`pct exec CTID -- argv`, under `timeout`), each with
+    its own copy of `stdin`, and `node_script` on the node itself ("": none). stdin travels as one argument
+    of the node's command line, so it is text and the caller keeps it under Linux's 128 KiB per argument.
+    A plain class: making a dataclass costs several times as much, and this module is in every start-up."""
+
+    __slots__ = ("argv", "node_script", "stdin", "timeout")
+
+    def __init__(self, argv: Sequence[str], stdin: str, timeout: float, node_script: str = "") -> None:
+        self.argv = argv
+        self.stdin = stdin
+        self.timeout = timeout
+        self.node_script = node_script
 
 
 @dataclass
@@ -148,18 +163,15 @@ class PctBatch:
     `submit_node()` and `node_result` do the same for `node_script`, run on the node itself.
     `close()` when no more ids will come (the batch also ends by itself after `expected` ids)."""
 
-    def __init__(
-        self, node: FeedableTransport, node_name: str, argv: Sequence[str], *, stdin: str,
-        timeout: float, max_output: int, expected: int, node_script: str = "",
-    ) -> None:
+    def __init__(self, node: FeedableTransport, node_name: str, command: BatchCommand, *, max_output: int,
+                 expected: int) -> None:
         self._node = node
         self._node_name = node_name
-        self._timeout = timeout
-        self._backstop = watchdog_seconds(timeout) + NODE_BACKSTOP_SECONDS
-        # stdin travels as one argument of the node's command line (text; the caller keeps it < 128 KiB).
-        self._argv = ("perl", "-e", driver(), "--", str(self._backstop), str(max_output), stdin, node_script,
-                      *container_argv(argv, timeout))
-        self._has_node_script = bool(node_script)
+        self._timeout = command.timeout
+        self._backstop = watchdog_seconds(command.timeout) + NODE_BACKSTOP_SECONDS
+        self._argv = ("perl", "-e", driver(), "--", str(self._backstop), str(max_output), command.stdin,
+                      command.node_script, *container_argv(command.argv, command.timeout))
+        self._has_node_script = bool(command.node_script)
         self._expected = expected
         self._fed = 0
         self._feed = StdinFeed()

@@ -254,6 +254,38 @@ class FileTransport(Protocol):
         ...
 
 
+class NodeTransport:
+    """A node's shared connection under one target's name: commands, and files when the connection carries
+    them. The connection stays its pool's (the Fleet's, or a test's): this never closes it, so any number
+    of targets can hold one over the same node."""
+
+    def __init__(self, connection: Transport, label: str | None = None) -> None:
+        self.connection = connection
+        self.label = label or connection.label
+
+    def execute(
+        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
+        on_output: OutputSink | None = None,
+    ) -> CommandResult:
+        return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
+
+    # Guests stage their transfers on the node, so files go to the connection when it can carry them (SSH:
+    # SFTP); one that cannot (a test's fake) says so by name rather than with an AttributeError.
+    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
+        return self._files().upload(source, path, mode=mode, max_bytes=max_bytes)
+
+    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
+        return self._files().download(path, sink, max_bytes=max_bytes)
+
+    def remove(self, path: str) -> None:
+        self._files().remove(path)
+
+    def _files(self) -> FileTransport:
+        if not isinstance(self.connection, FileTransport):
+            raise TransferError(f"{self.label}: this node connection cannot transfer files")
+        return self.connection
+
+
 _COPY_CHUNK = 256 * 1024
 
 

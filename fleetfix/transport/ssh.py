@@ -2,7 +2,8 @@
 
 `SSHConnection` owns one paramiko `Transport` (one TCP connection) and is safe to share between threads:
 every `execute` opens its own session channel, and a semaphore keeps the number of open channels under the
-server's MaxSessions (OpenSSH default 10, so 8 here). `SSHTransport` is the node-level `Transport` on top.
+server's MaxSessions (OpenSSH default 10, so 8 here). A target holds it through `base.NodeTransport`,
+which forwards to it under the target's name.
 
 No paramiko or socket exception leaves this module: they become `fleetfix.errors.TransportError` subclasses.
 
@@ -727,29 +728,6 @@ def _default_identities() -> list[tuple[str, paramiko.PKey]]:
     return found
 
 
-class SSHTransport:
-    """The node itself as a target: argv runs in the node's login shell, over the shared connection."""
-
-    def __init__(self, connection: SSHConnection, label: str | None = None) -> None:
-        self.connection = connection
-        self.label = label or connection.label
-
-    def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-        on_output: OutputSink | None = None,
-    ) -> CommandResult:
-        return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
-
-    def upload(self, source: BinaryIO, path: str, *, mode: int = 0o600, max_bytes: int) -> Transferred:
-        return self.connection.upload(source, path, mode=mode, max_bytes=max_bytes)
-
-    def download(self, path: str, sink: BinaryIO, *, max_bytes: int) -> Transferred:
-        return self.connection.download(path, sink, max_bytes=max_bytes)
-
-    def remove(self, path: str) -> None:
-        self.connection.remove(path)
-
-
 def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
             max_output: int = DEFAULT_MAX_OUTPUT, dialled: DialledSocket | None = None) -> SSHConnection:
     """Open (connect, verify, authenticate) a connection to a node; raises TransportError subclasses.
@@ -760,7 +738,6 @@ def connect(settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
 __all__ = [
     "DEFAULT_MAX_CHANNELS",
     "SSHConnection",
-    "SSHTransport",
     "connect",
     "known_hosts_name",
     "load_private_key",

@@ -34,8 +34,8 @@ from fleetfix.errors import (
 from fleetfix.fleet import Fleet
 from fleetfix.guests.lxc import PctTransport
 from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
-from fleetfix.transport.base import CommandResult, StdinFeed, run_script
-from fleetfix.transport.ssh import OPEN_RETRY_DELAYS, SSHConnection, SSHTransport
+from fleetfix.transport.base import CommandResult, NodeTransport, StdinFeed, run_script
+from fleetfix.transport.ssh import OPEN_RETRY_DELAYS, SSHConnection
 from tests.lab.sshd import SshNode, free_port, keygen, start_node
 from tests.waiting import wait_for
 
@@ -134,7 +134,7 @@ HOSTILE = (
 
 
 def test_exec_returns_exit_code_and_separate_streams(connection: SSHConnection) -> None:
-    result = SSHTransport(connection).execute(["sh", "-c", "echo out; echo err >&2; exit 3"])
+    result = NodeTransport(connection).execute(["sh", "-c", "echo out; echo err >&2; exit 3"])
     assert (result.exit_code, result.stdout, result.stderr, result.timed_out) == (3, "out\n", "err\n", False)
     assert connection.execute(["true"]).ok
 

@@ -21,6 +21,11 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "fleetfix.importahead"),
     ("fleetfix.transport",),
     ("fleetfix.guests",),
+    # The fleet package, bottom to top: what a target's run came to, the node connections, Fleet.map (where
+    # concurrency is decided), then what runs over it (the node batches) and the package's public names.
+    ("fleetfix.fleet.outcome",),
+    ("fleetfix.fleet.connections",),
+    ("fleetfix.fleet.run",),
     ("fleetfix.fleet",),
     ("fleetfix.command", "fleetfix.inventory"),
     ("fleetfix.probe",),
@@ -148,3 +153,25 @@ def test_test_modules_have_unique_names() -> None:
     tests = Path(__file__).resolve().parents[1]
     names = [path.name for path in tests.rglob("test_*.py")]
     assert sorted({name for name in names if names.count(name) > 1}) == []
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module a file imports, fleetfix's or not (`from a.b import c` counts a.b and a.b.c)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+            names.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_the_probe_leaves_concurrency_to_the_fleet() -> None:
+    # How many scripts run at once, on which threads and over which channels is decided in fleetfix.fleet;
+    # the probe passes in its scripts, limits and parsers. A thread or a batch in probe/ is a second place.
+    concurrent = {"threading", "queue", "concurrent.futures", "fleetfix.guests.pctbatch",
+                  "fleetfix.fleet.Pending", "fleetfix.fleet.RunOnThread", "fleetfix.fleet.run"}
+    found = {f"{module}: {name}" for module, path in modules().items() if module.startswith("fleetfix.probe")
+             for name in all_imports(path) & concurrent}
+    assert not found, sorted(found)

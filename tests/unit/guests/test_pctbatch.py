@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from fleetfix.errors import GuestError
-from fleetfix.guests.pctbatch import PctBatch, _Frame, _FrameReader
+from fleetfix.guests.pctbatch import BatchCommand, PctBatch, _Frame, _FrameReader
 from fleetfix.transport.base import CommandResult, StdinFeed
 from fleetfix.transport.local import LocalTransport
 
@@ -67,8 +67,8 @@ exit 4
 def batch(expected: int, *, timeout: float = 60, max_output: int = 1 << 20, stdin: str = SCRIPT,
           node: LocalTransport | None = None, node_script: str = "",
           argv: Sequence[str] = ("/bin/sh", "-s")) -> PctBatch:
-    return PctBatch(node or LocalTransport("pve1"), "pve1", argv, stdin=stdin, timeout=timeout,
-                    max_output=max_output, expected=expected, node_script=node_script)
+    return PctBatch(node or LocalTransport("pve1"), "pve1", BatchCommand(argv, stdin, timeout, node_script),
+                    max_output=max_output, expected=expected)
 
 
 def run(pct_batch: PctBatch, ctid: int) -> CommandResult | None:

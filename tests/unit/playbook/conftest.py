@@ -7,13 +7,12 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
-from fleetfix.errors import FleetfixError, TransportError
+from fleetfix.fleet import Outcome
 from fleetfix.playbook.load import parse_playbook
 from fleetfix.playbook.model import Playbook
 from fleetfix.target import NODE, GuestRef, NodeRef, Target
@@ -40,17 +39,9 @@ def playbook_from(text: str, tmp_path: Path, name: str = "book.yaml") -> Playboo
     return parse_playbook(text, str(path))
 
 
-@dataclass
-class Outcome(Generic[R]):
-    target: Target
-    status: str
-    value: R | None
-    error: FleetfixError | None
-    duration: float
-
-
 class StandInFleet:
-    """The shape of fleetfix.fleet.Fleet.map: fn per target on a thread pool, errors captured."""
+    """Fleet.map's shape over given transports (one per target name): fn per target on a thread pool, each
+    error made an Outcome as the Fleet makes it (Outcome.failed), so the runner sees what it sees in use."""
 
     def __init__(self, transports: Mapping[str, Transport], workers: int = 4) -> None:
         self.transports = transports
@@ -64,10 +55,8 @@ class StandInFleet:
             started = time.monotonic()
             try:
                 value = fn(target, self.transports[target.name])
-            except TransportError as exc:
-                return Outcome(target, "unreachable", None, exc, time.monotonic() - started)
-            except FleetfixError as exc:
-                return Outcome(target, "failed", None, exc, time.monotonic() - started)
+            except Exception as exc:
+                return Outcome.failed(target, exc, time.monotonic() - started)
             return Outcome(target, "ok", value, None, time.monotonic() - started)
 
         with ThreadPoolExecutor(self.workers) as pool:

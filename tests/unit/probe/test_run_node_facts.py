@@ -148,7 +148,7 @@ def test_a_nodes_later_containers_start_no_node_facts_thread(monkeypatch: pytest
 
     class CountingThread(threading.Thread):
         def start(self) -> None:
-            if self.name.startswith("node-facts-"):
+            if self.name.startswith("node-script-"):
                 started.append(self.name)
             super().start()
 
@@ -160,4 +160,4 @@ def test_a_nodes_later_containers_start_no_node_facts_thread(monkeypatch: pytest
     with Fleet(connect=lambda _settings: node, forks=1, channels_per_node=1) as fleet:
         reports = probe_targets(fleet, targets)
     assert [report.status for report in reports] == ["ok"] * len(targets)
-    assert started == ["node-facts-pve1"]
+    assert started == ["node-script-pve1"]

@@ -8,34 +8,24 @@ its host key was never checked under its own settings.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
 
 import pytest
 
 from fleetfix.fleet import Fleet
 from fleetfix.target import Become, NodeRef, SSHSettings, Target
-from fleetfix.transport.base import CommandResult, OutputSink, Transport
+from fleetfix.transport.base import Transport
+from fleetfix.transport.fake import ANY, FakeTransport
 
 
 class Recording:
-    """A connector that records the settings of every connection it opens."""
+    """A connector that records the settings of every connection it opens; each answers every command."""
 
     def __init__(self) -> None:
         self.opened: list[SSHSettings] = []
 
-    def __call__(self, settings: SSHSettings) -> Recording.Connection:
+    def __call__(self, settings: SSHSettings) -> FakeTransport:
         self.opened.append(settings)
-        return Recording.Connection()
-
-    class Connection:
-        label = "fake"
-
-        def execute(self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-                    on_output: OutputSink | None = None) -> CommandResult:
-            return CommandResult(0, "", "", 0.0)
-
-        def close(self) -> None:
-            pass
+        return FakeTransport("fake").on(ANY)
 
 
 BASE = SSHSettings("10.0.0.5", 22, "root", identity_file="/keys/a", known_hosts="/kh/a")

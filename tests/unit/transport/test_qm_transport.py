@@ -5,7 +5,6 @@ and a guest agent is in tests/e2e/test_lab_qm.py and test_cli_vm.py."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -22,28 +21,17 @@ from fleetfix.guests.vm import (
     qm_exec_argv,
 )
 from fleetfix.target import GuestRef, NodeRef, Target
-from fleetfix.transport.base import CommandResult, OutputSink, run_script
+from fleetfix.transport.base import CommandResult, run_script
+from fleetfix.transport.fake import ANY, FakeTransport
 from fleetfix.transport.remote import TIMEOUT_MARKER
 
-Answer = CommandResult | Callable[[tuple[str, ...], bytes], CommandResult]
 
-
-class RecordingNode:
-    """A node transport that records every call and answers from a list, in order."""
-
-    label = "pve1"
-
-    def __init__(self, *answers: Answer) -> None:
-        self.answers = list(answers)
-        self.calls: list[tuple[tuple[str, ...], bytes, float | None]] = []
-
-    def execute(
-        self, argv: Sequence[str], *, stdin: bytes = b"", timeout: float | None = None,
-        on_output: OutputSink | None = None,
-    ) -> CommandResult:
-        self.calls.append((tuple(argv), stdin, timeout))
-        answer = self.answers.pop(0)
-        return answer(tuple(argv), stdin) if callable(answer) else answer
+def recording_node(*answers: CommandResult) -> FakeTransport:
+    """A node transport that records every call and answers them in order, one answer each."""
+    node = FakeTransport("pve1")
+    for answer in answers:
+        node.on(ANY, answer, times=1)
+    return node
 
 
 def perl_json(status: dict[str, object]) -> str:
@@ -62,9 +50,9 @@ def died(message: str, code: int = 255) -> CommandResult:
 
 
 def test_argv_is_qm_guest_exec_with_a_clean_environment_and_stdin_passed() -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 0, "out-data": "ok\n"}))
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 0, "out-data": "ok\n"}))
     result = QmGuestExecTransport(node, 300).execute(["cat", "/etc/os-release"], stdin=b"in")
-    argv, stdin, timeout = node.calls[0]
+    argv, stdin, timeout = node.calls[0].argv, node.calls[0].stdin, node.calls[0].timeout
     assert argv == ("qm", "guest", "exec", "300", "--timeout", "0", "--pass-stdin", "1", "--",
                     "env", "-i", *VM_ENV, "cat", "/etc/os-release")
     assert (stdin, timeout) == (b"in", None)
@@ -88,7 +76,7 @@ def test_with_a_timeout_the_watchdog_runs_in_the_vm_in_its_own_session() -> None
 
 
 def test_exit_code_and_both_streams_come_from_the_json() -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 3, "out-data": "out\n", "out-truncated": 0,
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 3, "out-data": "out\n", "out-truncated": 0,
                                 "err-data": "err\n", "err-truncated": 0}))
     chunks: list[tuple[str, bytes]] = []
     result = QmGuestExecTransport(node, 300).execute(["x"], on_output=lambda s, c: chunks.append((s, c)))
@@ -100,14 +88,14 @@ def test_bytes_come_back_whole_through_qms_double_encoding() -> None:
     # qm prints the agent's bytes as characters U+0000..U+00FF (a Perl byte string through a UTF-8 JSON
     # encoder): "é" (C3 A9) arrives as "Ã©".
     raw = "é\n".encode()
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 0, "out-data": raw.decode("latin-1")}))
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 0, "out-data": raw.decode("latin-1")}))
     assert QmGuestExecTransport(node, 300).execute(["x"]).stdout == "é\n"
     assert agent_bytes("\u00c3\u00a9") == "é".encode()
     assert agent_bytes("€") == "€".encode() and agent_bytes(None) == b""
 
 
 def test_a_command_killed_by_a_signal_is_128_plus_it() -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "signal": 15}))
+    node = recording_node(qm_ok({"exited": 1, "signal": 15}))
     assert QmGuestExecTransport(node, 300).execute(["x"]).exit_code == 143
 
 
@@ -122,23 +110,23 @@ def test_a_command_killed_by_a_signal_is_128_plus_it() -> None:
 def test_the_vms_watchdog_marker_with_a_kill_is_a_timeout(
     stderr: str, timeout: float | None, timed_out: bool, code: int,
 ) -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "signal": 9, "err-data": stderr}))
+    node = recording_node(qm_ok({"exited": 1, "signal": 9, "err-data": stderr}))
     result = QmGuestExecTransport(node, 300).execute(["x"], timeout=timeout)
     assert (result.timed_out, result.exit_code) == (timed_out, code)
 
 
 def test_qm_stopping_to_wait_is_a_timeout_naming_the_pid() -> None:
-    node = RecordingNode(qm_ok({"pid": 4242}, stderr="timeout reached, returning pid\n"))
+    node = recording_node(qm_ok({"pid": 4242}, stderr="timeout reached, returning pid\n"))
     result = QmGuestExecTransport(node, 300).execute(["x"], timeout=1)
     assert (result.timed_out, result.exit_code) == (True, 124)
     assert "pid 4242" in result.stderr
 
 
 def test_the_nodes_watchdog_ending_qm_is_a_timeout() -> None:
-    node = RecordingNode(CommandResult(124, "", "", 30.0, timed_out=True))
+    node = recording_node(CommandResult(124, "", "", 30.0, timed_out=True))
     transport = QmGuestExecTransport(node, 300)
     assert transport.execute(["x"], timeout=1).timed_out
-    assert node.calls[0][2] is not None and node.calls[0][2] > 1 + QM_BACKSTOP_SECONDS
+    assert node.calls[0].timeout is not None and node.calls[0].timeout > 1 + QM_BACKSTOP_SECONDS
 
 
 @pytest.mark.parametrize(
@@ -165,7 +153,7 @@ def test_the_nodes_watchdog_ending_qm_is_a_timeout() -> None:
 )
 def test_qms_own_failures_are_guest_errors(answer: CommandResult, message: str) -> None:
     with pytest.raises(GuestError) as raised:
-        QmGuestExecTransport(RecordingNode(answer), 300).execute(["true"])
+        QmGuestExecTransport(recording_node(answer), 300).execute(["true"])
     assert message in str(raised.value) and "\n" not in str(raised.value)
 
 
@@ -175,7 +163,7 @@ def test_each_agent_failure_carries_its_own_fix() -> None:
     restart where the config says `agent: 0` or was changed while the VM ran."""
     def error(stderr: str) -> str:
         with pytest.raises(GuestError) as raised:
-            QmGuestExecTransport(RecordingNode(died(stderr)), 300).execute(["true"])
+            QmGuestExecTransport(recording_node(died(stderr)), 300).execute(["true"])
         return str(raised.value)
 
     unconfigured = error("No QEMU guest agent configured")
@@ -190,7 +178,7 @@ def test_each_agent_failure_carries_its_own_fix() -> None:
 
 def test_another_vms_message_is_not_this_vms() -> None:
     with pytest.raises(GuestError) as raised:
-        QmGuestExecTransport(RecordingNode(died("VM 301 is not running")), 300).execute(["true"])
+        QmGuestExecTransport(recording_node(died("VM 301 is not running")), 300).execute(["true"])
     assert "is stopped" not in str(raised.value)
 
 
@@ -203,45 +191,46 @@ def test_another_vms_message_is_not_this_vms() -> None:
     ],
 )
 def test_output_the_agent_cut_is_an_error_not_short_facts(status: dict[str, object]) -> None:
-    node = RecordingNode(qm_ok(status))
+    node = recording_node(qm_ok(status))
     with pytest.raises(TransportError, match=r"QEMU guest agent cut the command's std(out|err) at 16 MiB"):
         QmGuestExecTransport(node, 300).execute(["x"])
 
 
 def test_stdin_up_to_the_limit_goes_in_one_call() -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 0}))
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 0}))
     QmGuestExecTransport(node, 300).execute(["/bin/sh", "-s"], stdin=b"x" * QM_STDIN_LIMIT)
-    assert len(node.calls) == 1 and len(node.calls[0][1]) == QM_STDIN_LIMIT
+    assert len(node.calls) == 1 and len(node.calls[0].stdin) == QM_STDIN_LIMIT
 
 
 def test_stdin_over_the_limit_is_staged_in_the_vm_piece_by_piece() -> None:
     data = bytes(range(256)) * (QM_STDIN_LIMIT // 256) * 2 + b"tail"  # 2 MiB + 4 bytes: three pieces
     path = "/tmp/fleetfix-stdin.AbC123xy"
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 0, "out-data": path}),
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 0, "out-data": path}),
                          qm_ok({"exited": 1, "exitcode": 0}),
                          qm_ok({"exited": 1, "exitcode": 0}),
                          qm_ok({"exited": 1, "exitcode": 7, "out-data": "ran\n"}))
     result = QmGuestExecTransport(node, 300).execute(["sha256sum"], stdin=data, timeout=60)
     assert (result.exit_code, result.stdout) == (7, "ran\n")
-    pieces = [stdin for _, stdin, _ in node.calls[:3]]
+    pieces = [call.stdin for call in node.calls[:3]]
     assert b"".join(pieces) == data and all(len(piece) <= QM_STDIN_LIMIT for piece in pieces)
-    final, final_stdin, _ = node.calls[3]
+    final, final_stdin = node.calls[3].argv, node.calls[3].stdin
     assert final_stdin == b"" and "--pass-stdin" not in final
     # The command reads the staged file as its stdin, which is unlinked before the command runs.
     assert final[-3:] == ("sh", path, "sha256sum") and 'exec <"$1" && rm -f "$1"' in final[-4]
 
 
 def test_a_failed_staging_is_an_error_and_runs_nothing() -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 1, "err-data": "mktemp: No space left on device\n"}))
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 1,
+                                 "err-data": "mktemp: No space left on device\n"}))
     with pytest.raises(TransportError, match="staging stdin in the VM failed: mktemp: No space left"):
         QmGuestExecTransport(node, 300).execute(["x"], stdin=b"x" * (QM_STDIN_LIMIT + 1))
     assert len(node.calls) == 1
 
 
 def test_run_script_sends_the_script_on_stdin_to_sh() -> None:
-    node = RecordingNode(qm_ok({"exited": 1, "exitcode": 0, "out-data": "{}"}))
+    node = recording_node(qm_ok({"exited": 1, "exitcode": 0, "out-data": "{}"}))
     run_script(QmGuestExecTransport(node, 300), "echo '{}'\n", timeout=120)
-    argv, stdin, _ = node.calls[0]
+    argv, stdin = node.calls[0].argv, node.calls[0].stdin
     assert argv[-2:] == ("/bin/sh", "-s") and stdin == b"echo '{}'\n"
 
 
@@ -249,20 +238,20 @@ def test_the_vm_kind_is_registered_and_proxmox_calls_it_qemu() -> None:
     assert GUEST_KINDS["vm"] is VmGuest
     assert pve_types() == {"lxc": "lxc", "qemu": "vm"}
     target = Target("gpu-vm", NodeRef("pve1", None), GuestRef.vm(300))
-    guest = open_guest(target, RecordingNode())
+    guest = open_guest(target, recording_node())
     assert isinstance(guest, VmGuest) and guest.tool == "qm" and not guest.shares_node_kernel
     transport = guest.transport()
     assert isinstance(transport, QmGuestExecTransport) and transport.label == "gpu-vm"
 
 
 def test_vm_snapshots_and_status_are_qm_commands_on_the_node() -> None:
-    node = RecordingNode(CommandResult(0, "status: running\n", "", 0.1), CommandResult(0, "", "", 0.1),
+    node = recording_node(CommandResult(0, "status: running\n", "", 0.1), CommandResult(0, "", "", 0.1),
                          CommandResult(0, "", "", 0.1))
     guest = VmGuest(Target("gpu-vm", NodeRef("pve1", None), GuestRef.vm(300)), node)
     assert guest.status() == "running"
     guest.snapshot("fleetfix-20261203-030000", "before cuda-toolkit")
     guest.rollback("fleetfix-20261203-030000", start=True)
-    assert [argv for argv, _, _ in node.calls] == [
+    assert [call.argv for call in node.calls] == [
         ("qm", "status", "300"),
         ("qm", "snapshot", "300", "fleetfix-20261203-030000", "--description", "before cuda-toolkit"),
         ("qm", "rollback", "300", "fleetfix-20261203-030000", "--start", "1"),
