@@ -61,10 +61,7 @@ from fleetfix.guests.transfer import (
     receive_local,
     unique_suffix,
 )
-
-# TIMEOUT_EXIT_CODE is re-exported: guests/pctbatch.py still imports it from here.
-from fleetfix.transport.base import TIMEOUT_EXIT_CODE as TIMEOUT_EXIT_CODE
-from fleetfix.transport.base import CommandResult, OutputSink, Transport
+from fleetfix.transport.base import TIMEOUT_EXIT_CODE, CommandResult, OutputSink, Transport
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
 CONTAINER_ENV: tuple[str, ...] = (

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 
 from fleetfix.errors import FleetfixError
-from fleetfix.guests.lxc import NODE_BACKSTOP_SECONDS, TIMEOUT_EXIT_CODE, container_argv, pct_result
-from fleetfix.transport.base import CommandResult, FeedableTransport, StdinFeed, Stream
+from fleetfix.guests.lxc import NODE_BACKSTOP_SECONDS, container_argv, pct_result
+from fleetfix.transport.base import TIMEOUT_EXIT_CODE, CommandResult, FeedableTransport, StdinFeed, Stream
 from fleetfix.transport.remote import watchdog_seconds
 
 # How long past a container's backstop the controller waits for its frame: the frame is written as soon

@@ -46,6 +46,7 @@ from fleetfix.errors import (
     NameResolutionError,
     TransferError,
     TransportError,
+    one_line,
 )
 from fleetfix.target import SSHSettings
 from fleetfix.transport._paramiko import (
@@ -60,6 +61,7 @@ from fleetfix.transport._paramiko import (
 from fleetfix.transport.base import (
     DEFAULT_MAX_OUTPUT,
     FED_RESULT_OUTPUT,
+    TIMEOUT_EXIT_CODE,
     CappedOutput,
     CommandResult,
     OutputSink,
@@ -81,9 +83,8 @@ DEFAULT_MAX_CHANNELS = 8  # below OpenSSH's MaxSessions=10, leaving room for an 
 # most 32 KiB; a node that moves nothing for two minutes is not going to finish).
 SFTP_IDLE_TIMEOUT = 120.0
 PASSPHRASE_ENV = "FLEETFIX_SSH_PASSPHRASE"
-TIMEOUT_EXIT_CODE = 124  # what coreutils `timeout` returns
 # After our deadline, how long to wait for the remote watchdog's kill to close the channel: it counts whole
-# seconds from the remote start, so it fires up to ~1 s plus one round trip after the local deadline.
+# seconds from the remote start, so it fires up to a second plus one round trip after the local deadline.
 KILL_GRACE_SECONDS = 3.0
 # A refused or unanswered channel open is retried after these pauses. sshd frees a closed session only in
 # a later pass of its main loop, so a new open that arrives with (or just after) the close of another can
@@ -92,11 +93,6 @@ OPEN_RETRY_DELAYS = (0.1, 0.3, 1.0)
 _CHUNK = 65536
 AEAD_CIPHERS = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")
 _DEFAULT_IDENTITIES = ("~/.ssh/id_ed25519", "~/.ssh/id_ecdsa", "~/.ssh/id_rsa")
-
-
-def _one_line(error: BaseException) -> str:
-    text = " ".join(str(error).split())
-    return text or type(error).__name__
 
 
 def parse_jump_host(spec: str, *, default_user: str) -> tuple[str, str, int]:
@@ -197,7 +193,7 @@ class SSHConnection:
         except ConnectionRefusedError:
             raise ConnectRefusedError(f"{self.endpoint}: connection refused") from None
         except OSError as error:
-            raise ConnectError(f"{self.endpoint}: {error.strerror or _one_line(error)}") from None
+            raise ConnectError(f"{self.endpoint}: {error.strerror or one_line(error)}") from None
 
     def _tunnel_through_jump_host(self, spec: str) -> paramiko.Channel:
         s = self.settings
@@ -223,7 +219,7 @@ class SSHConnection:
             ) from None
         except (SSHException, EOFError, OSError) as error:
             self._bastion.close()
-            raise ConnectError(f"{self.endpoint} via jump host {host}:{port}: {_one_line(error)}") from None
+            raise ConnectError(f"{self.endpoint} via jump host {host}:{port}: {one_line(error)}") from None
 
     def _handshake(self, sock: Any) -> paramiko.Transport:
         s = self.settings
@@ -246,7 +242,7 @@ class SSHConnection:
             server_key = transport.get_remote_server_key()
         except (SSHException, EOFError, OSError) as error:
             transport.close()
-            raise ConnectError(f"{self.endpoint}: SSH handshake failed: {_one_line(error)}") from None
+            raise ConnectError(f"{self.endpoint}: SSH handshake failed: {one_line(error)}") from None
         except ConnectError:
             transport.close()
             raise
@@ -297,7 +293,7 @@ class SSHConnection:
             tried = ", ".join(name for name, _ in candidates)
             raise AuthenticationError(f"{who}: authentication rejected for key(s): {tried}")
         except (SSHException, EOFError, OSError) as error:
-            raise ConnectError(f"{self.endpoint}: connection lost during login: {_one_line(error)}") from None
+            raise ConnectError(f"{self.endpoint}: connection lost during login: {one_line(error)}") from None
         finally:
             if agent is not None:
                 agent.close()
@@ -335,7 +331,7 @@ class SSHConnection:
             except FleetfixError:
                 raise
             except (SSHException, EOFError, OSError) as error:
-                raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
+                raise ConnectionLostError(f"{self.endpoint}: {one_line(error)}") from None
 
     # -- files (SFTP) ---------------------------------------------------------------------------------
 
@@ -356,9 +352,9 @@ class SSHConnection:
                     client = paramiko.SFTPClient(channel)
                 except (SSHException, EOFError) as error:
                     if not transport.is_active():
-                        raise ConnectionLostError(f"{self.endpoint}: {_one_line(error)}") from None
+                        raise ConnectionLostError(f"{self.endpoint}: {one_line(error)}") from None
                     raise TransferError(
-                        f"{self.endpoint}: the node refused the sftp subsystem ({_one_line(error)}): "
+                        f"{self.endpoint}: the node refused the sftp subsystem ({one_line(error)}): "
                         "enable `Subsystem sftp` in its sshd_config") from None
                 try:
                     yield client
@@ -372,7 +368,7 @@ class SSHConnection:
                     f"{self.endpoint}: {what}: no progress for {SFTP_IDLE_TIMEOUT:g}s") from None
             except (SSHException, EOFError, OSError) as error:
                 if not transport.is_active() or not isinstance(error, OSError) or error.errno is None:
-                    raise ConnectionLostError(f"{self.endpoint}: {what}: {_one_line(error)}") from None
+                    raise ConnectionLostError(f"{self.endpoint}: {what}: {one_line(error)}") from None
                 reason = error.strerror or os.strerror(error.errno)
                 raise TransferError(f"{self.endpoint}: {what}: {reason}") from None
             finally:
@@ -422,7 +418,7 @@ class SSHConnection:
             except ChannelException as error:
                 failure = TransportError(f"{self.endpoint}: server refused a new channel: {error.text}")
             except (SSHException, EOFError, OSError) as error:
-                reason = _one_line(error)
+                reason = one_line(error)
                 if not transport.is_active():
                     raise ConnectionLostError(f"{self.endpoint}: connection lost: {reason}") from None
                 failure = TransportError(f"{self.endpoint}: could not open a channel: {reason}")
@@ -479,11 +475,11 @@ class _QuietTransport(paramiko.Transport):
     """paramiko's Transport, its thread waking once a second instead of ten times when the link is idle,
     and never sending a channel's stdin after that channel's close (`_send_message`).
 
-    Why: the thread polls its socket with a timeout only to notice a local close or a due keepalive, and at
-    0.1 s that costs ~1.2 ms of CPU per connection per second (measured: 20 idle connections, 10 s, 235 ms).
-    A fleet probe holds one connection per node open while the containers work, so this was most of the
-    controller's CPU per container (docs/performance.md). Nothing here needs the 0.1 s: data and a remote
-    close wake the thread at once, keepalives are whole seconds, and close() does not wait for the thread.
+    Why: the thread polls its socket with a timeout only to notice a local close or a due keepalive, and
+    ten wake-ups a second per idle connection add up: a fleet probe holds one connection per node open
+    while the containers work, so those wake-ups were most of the controller's CPU per container
+    (docs/performance.md). Nothing here needs the short poll: data and a remote close wake the thread at
+    once, keepalives are whole seconds, and close() does not wait for the thread.
     """
 
     _active_check_timeout = 1.0
@@ -532,7 +528,7 @@ def _send_stdin(channel: paramiko.Channel, data: bytes | StdinFeed) -> _StdinWri
 class _StdinWriter:
     """A channel's stdin: sent by the caller's thread while each chunk fits the peer's window, else by a
     thread of its own from that chunk on. Why for a fed stdin: a writer thread per node batch, woken once
-    per container, cost ~0.7 ms of CPU per node at 200 targets (issue 21)."""
+    per container, made thread wake-ups a visible share of a large probe's CPU (docs/performance.md)."""
 
     def __init__(self, channel: paramiko.Channel, data: bytes | StdinFeed) -> None:
         self._channel = channel
@@ -625,9 +621,9 @@ def load_private_key(path: str) -> paramiko.PKey:
     """An ed25519/ecdsa/rsa private key; its passphrase, if any, from $FLEETFIX_SSH_PASSPHRASE.
 
     Loaded once per process while the file stays the same (its stat stamp), and a failure is kept the same
-    way: every node's connection asks for the key, and an encrypted one cost its KDF each time (bcrypt
-    with ssh-keygen's default 16 rounds: 0.26 s of CPU here, over 4 minutes for 1,000 nodes), or failed
-    with the same message each time.
+    way: every node's connection asks for the key, and an encrypted one would pay its KDF (bcrypt, with
+    ssh-keygen's default 16 rounds, is deliberately slow) once per node, or fail with the same message once
+    per node.
     """
     passphrase = os.environ.get(PASSPHRASE_ENV) or None
     full_path = os.path.expanduser(path)
@@ -678,7 +674,7 @@ def _load_private_key(path: str, full_path: str, passphrase: str | None) -> para
             ) from None
         if isinstance(error, TypeError):  # not a key problem: a bug, shown as one
             raise
-        reason = "wrong passphrase or unreadable key" if passphrase else _one_line(error)
+        reason = "wrong passphrase or unreadable key" if passphrase else one_line(error)
         raise AuthenticationError(f"cannot load identity file {path}: {reason}") from None
 
 
