@@ -7,13 +7,13 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
 from fleetfix.errors import FleetfixError, TransportError
+from fleetfix.fleet import Outcome
 from fleetfix.playbook.load import parse_playbook
 from fleetfix.playbook.model import Playbook
 from fleetfix.target import NODE, GuestRef, NodeRef, Target
@@ -38,15 +38,6 @@ def playbook_from(text: str, tmp_path: Path, name: str = "book.yaml") -> Playboo
     path = tmp_path / name
     path.write_text(text)
     return parse_playbook(text, str(path))
-
-
-@dataclass
-class Outcome(Generic[R]):
-    target: Target
-    status: str
-    value: R | None
-    error: FleetfixError | None
-    duration: float
 
 
 class StandInFleet:
