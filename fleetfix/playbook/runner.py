@@ -24,7 +24,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 from fleetfix.errors import (
     CommandTimeoutError,
@@ -37,17 +37,10 @@ from fleetfix.errors import (
 from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
-from fleetfix.playbook.render import (
-    CompiledPlaybook,
-    CompiledStep,
-    RenderedStep,
-    RenderedTransfer,
-    compile_playbook,
-    scoped,
-)
+from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
 from fleetfix.playbook.snapshots import GuestFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
-from fleetfix.playbook.transfers import run_transfer
-from fleetfix.playbook.wheels import WheelOptions, label, run_wheels
+from fleetfix.playbook.steps import StepEnd, StepType
+from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
 from fleetfix.transport.base import CappedOutput, CommandResult, OutputSink, Stream, Transport, run_script
@@ -327,7 +320,8 @@ def _why(run: ScriptRun) -> str:
 
 
 class _StepRunner:
-    """Runs one planned step on one target. Kept small: one method per part of the protocol."""
+    """Runs one planned step on one target. Kept small: one method per part of the protocol. To a typed
+    step's type it is the StepCall (steps/base.py)."""
 
     def __init__(self, target: _TargetState, play: PlannedPlay, planned: PlannedStep,
                  registered: Mapping[str, Any]) -> None:
@@ -337,9 +331,19 @@ class _StepRunner:
         self.recorder, self.registered, self.sleep = target.context.recorder, registered, target.context.sleep
         self.on_output = target.context.on_output
         self.wheels = target.context.wheels
+        self.check_mode = target.context.check_mode
+        self.would_change_before = False
         self.runs: list[ScriptRun] = []
         self.started = time.monotonic()
-        self.extra: dict[str, Any] = {}  # what a transfer/wheels step adds to its registered value
+        self.extra: dict[str, Any] = {}  # what a typed step adds to its registered value
+
+    @property
+    def target(self) -> Target:
+        return self.plan.target
+
+    @property
+    def last_run(self) -> ScriptRun | None:
+        return self.runs[-1] if self.runs else None
 
     def _scope(self, result: ScriptRun | None = None) -> dict[str, Any]:
         scope = self.play.compiled.scope(facts=self.plan.facts, vars=self.play.vars,
@@ -357,7 +361,7 @@ class _StepRunner:
             playbook=self.play.compiled.playbook.name,
             ignored=status == "failed" and self.step.ignore_errors, runs=list(self.runs))
 
-    def _execute(self, phase: Phase, script: str, attempt: int = 1) -> ScriptRun:
+    def execute(self, phase: str, script: str, attempt: int = 1) -> ScriptRun:
         where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
                  "step": self.step.name, "phase": phase, "attempt": attempt}
         self.recorder.event("script-start", **where, script=script)
@@ -376,9 +380,8 @@ class _StepRunner:
                                 stdout=partial["stdout"].getvalue().decode(errors="replace"),
                                 stderr=partial["stderr"].getvalue().decode(errors="replace"),
                                 duration=time.monotonic() - started, timed_out=False, error=error)
-            lost = self._result("failed", f"{phase}: {exc}")
-            raise _TargetLost(lost, exc) from None
-        run = ScriptRun(phase, attempt, script, result.exit_code, result.stdout, result.stderr,
+            raise self.lost(f"{phase}: {exc}", exc) from None
+        run = ScriptRun(cast(Phase, phase), attempt, script, result.exit_code, result.stdout, result.stderr,
                         time.monotonic() - started, result.timed_out)
         self.runs.append(run)
         self.recorder.event("script-end", **where, rc=run.rc, stdout=run.stdout, stderr=run.stderr,
@@ -399,7 +402,8 @@ class _StepRunner:
         return sink
 
     def run(self, *, would_change_before: bool) -> StepResult:
-        check_mode = self.context.check_mode
+        self.would_change_before = would_change_before
+        check_mode = self.check_mode
         if self.planned.skip_reason is not None:
             return self._result("skipped", self.planned.skip_reason)
         rendered = self.planned.rendered
@@ -411,95 +415,51 @@ class _StepRunner:
                 rendered = compiled.render(self.planned.compiled, scope)
             except TemplateError as exc:
                 return self._result("failed", str(exc))
-        if rendered.transfer is not None:
-            return self._transfer(rendered.transfer, check_mode, would_change_before)
+        action = self.step.action
         if rendered.check is not None:
-            checked = self._execute("check", rendered.check)
+            checked = self.execute("check", rendered.check)
             if checked.rc == 0 and not checked.timed_out:
                 return self._result("ok", _last_line(checked.stdout) or "check passed", checked)
-            if rendered.apply is None and rendered.wheels is None:
+            if rendered.apply is None and action is None:
                 if check_mode and would_change_before:
                     return self._result("would-change", "not met before the changes above: "
                                         + _why(checked), checked)
                 return self._result("failed", "assertion failed: " + _why(checked), checked)
             if check_mode:
                 return self._result("would-change", "check: " + _why(checked), checked)
-        elif check_mode and rendered.wheels is not None:
-            return self._wheels_check(rendered)
-        elif check_mode:
+        if action is not None:  # model.Step's action is its StepType; render sees only the template side
+            return self._typed(cast(StepType, action[0]), rendered.action)
+        if check_mode:
             return self._result("would-change", "no check: apply always runs")
-        if self.guard is not None:  # the first change on this target: snapshot it first
-            refusal = self.guard.before_change()
-            if refusal is not None:
-                return self._result("failed", refusal, self.runs[-1] if self.runs else None)
-        if rendered.wheels is not None:
-            return self._wheels(rendered)
+        refusal = self.before_change()  # the first change on this target: snapshot it first
+        if refusal is not None:
+            return self._result("failed", refusal, self.last_run)
         return self._apply(rendered)
 
-    def _guest(self) -> Guest:
+    def _typed(self, kind: StepType, rendered: Any) -> StepResult:
+        """A typed step's own part (steps/), once its check, if it has one, did not pass."""
+        end: StepEnd = kind.run(self, rendered)
+        assert end.run is None or isinstance(end.run, ScriptRun)
+        self.extra = dict(end.registered)
+        result = self._result(end.status, end.reason, end.run)
+        if end.stdout is not None:
+            result.stdout = end.stdout
+        return result
+
+    def guest(self) -> Guest:
         if self.context.guest_for is None:
             raise TransferError(f"step {self.step.name!r}: no guest driver to move files with")
         return self.context.guest_for(self.plan.target)
 
-    def _before_change(self) -> str | None:
+    def before_change(self) -> str | None:
         return self.guard.before_change() if self.guard is not None else None
 
-    def _transfer(self, spec: RenderedTransfer, check_mode: bool, would_change_before: bool) -> StepResult:
-        """A copy/fetch step (playbook/transfers.py), recorded as a `transfer` event."""
-        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
-                 "step": self.step.name}
-        started = time.monotonic()
-        try:
-            outcome = run_transfer(spec, self.transport, self._guest, check_mode=check_mode,
-                                   before_change=self._before_change)
-        except TransferError as exc:
-            self.recorder.event("transfer", **where, op=spec.kind, src=spec.src, dest=spec.dest,
-                                status="failed", error=str(exc), duration=time.monotonic() - started)
-            return self._result("failed", str(exc))
-        except TransportError as exc:
-            self.recorder.event("transfer", **where, op=spec.kind, src=spec.src, dest=spec.dest,
-                                status="unreachable", error=str(exc), duration=time.monotonic() - started)
-            raise _TargetLost(self._result("failed", f"{spec.kind}: {exc}"), exc) from None
-        self.recorder.event("transfer", **where, **outcome.detail, status=outcome.status,
-                            reason=outcome.reason, duration=time.monotonic() - started)
-        self.extra = dict(outcome.detail)
-        if outcome.status == "failed" and check_mode and would_change_before:
-            # e.g. fetching what an earlier step would create: like an assertion, it may well pass then
-            return self._result("would-change", "not possible before the changes above: " + outcome.reason)
-        return self._result(outcome.status, outcome.reason)
+    def event(self, kind: str, /, **fields: Any) -> None:
+        self.recorder.event(kind, target=self.plan.target.name, playbook=self.play.compiled.playbook.name,
+                            step=self.step.name, **fields)
 
-    def _wheels_check(self, rendered: RenderedStep) -> StepResult:
-        """Check mode of a wheels step without a check: each item's verify (read-only), nothing else (not
-        describe: resolving a source tree's metadata writes into it)."""
-        assert rendered.wheels is not None
-        missing = [label(item.item) for item in rendered.wheels
-                   if (run := self._execute("verify", item.verify)).rc != 0 or run.timed_out]
-        if not missing:
-            return self._result("ok", "every item verifies")
-        return self._result("would-change",
-                            "would install from the wheel cache or build: " + ", ".join(missing))
-
-    def _wheels(self, rendered: RenderedStep) -> StepResult:
-        """A wheels step (playbook/wheels.py): per item, from the cache or built once per key."""
-        assert rendered.wheels is not None
-        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
-                 "step": self.step.name}
-
-        def event(kind: str, /, **fields: Any) -> None:
-            self.recorder.event(kind, **where, **fields)
-
-        try:
-            outcome = run_wheels(rendered.wheels, execute=self._execute,
-                                 transport=self.transport, guest=self._guest, options=self.wheels,
-                                 target=self.plan.target, event=event)
-        except TransferError as exc:
-            return self._result("failed", str(exc), self.runs[-1] if self.runs else None)
-        last = self.runs[-1] if self.runs else None
-        if outcome.status == "failed":
-            return self._result("failed", outcome.reason, last)
-        result = self._result("changed" if outcome.status == "changed" else "ok", outcome.reason, last)
-        result.stdout = "\n".join(outcome.lines) + "\n"
-        return result
+    def lost(self, reason: str, error: TransportError) -> Exception:
+        return _TargetLost(self._result("failed", reason), error)
 
     def _apply(self, rendered: RenderedStep) -> StepResult:
         assert rendered.apply is not None
@@ -509,7 +469,7 @@ class _StepRunner:
         done = False
         try:
             for attempt in range(1, attempts + 1):
-                applied = self._execute("apply", rendered.apply, attempt)
+                applied = self.execute("apply", rendered.apply, attempt)
                 if self.step.until is not None:
                     done = compiled.evaluate(self.planned.compiled, "until", self._scope(applied))
                 else:
@@ -530,7 +490,7 @@ class _StepRunner:
         except TemplateError as exc:
             return self._result("failed", str(exc), applied)
         if rendered.verify is not None:
-            verified = self._execute("verify", rendered.verify)
+            verified = self.execute("verify", rendered.verify)
             if verified.rc != 0 or verified.timed_out:
                 return self._result("failed", "verify failed: " + _why(verified), verified)
         if not changed:
