@@ -2,19 +2,21 @@
 
 Per step: `when` false → skipped. `check` exits 0 → ok (its last stdout line is the reason). In check
 mode stop there → would-change. Otherwise `apply` (retried per retries/delay/until), then `verify` must
-exit 0 → changed. A step with only `check` is an assertion: a failing check fails the step. A failed step
-stops its target (unless ignore_errors); it never stops other targets. A transport failure makes the
-target unreachable; nothing is raised out of a target.
+exit 0 → changed. A step with only `check` is an assertion: a failing check fails the step. A step of a
+type (steps/: copy, fetch, wheels, ...) is run by its type once its own check, if any, did not pass. A
+failed step stops its target (unless ignore_errors); it never stops other targets. A transport failure
+makes the target unreachable; nothing is raised out of a target.
 
 Fleet level, in two phases so that a template error stops the run before anything runs anywhere:
-1. plan: per target, gather facts (injected `facts_for`), resolve vars, evaluate `when` and render every
+1. plan: per target, gather facts (FleetAccess.facts_for), resolve vars, evaluate `when` and render every
    script that does not depend on `registered`;
 2. run: per target, the planned steps — in `serial` batches, stopping early past `max_fail_pct`.
-Concurrency, connections and per-target error capture belong to the injected `fleet_map`.
+Concurrency, connections and per-target error capture belong to the fleet (FleetAccess.map). What all
+targets of a run share travels down as one RunContext, not as parameters at every level.
 
-Snapshots (fleetfix.playbook.snapshots): with a SnapshotPolicy and an injected `guest_for`, each target gets
-a SnapshotGuard, asked right before a step's apply (after its check said "change needed") and so only
-before the first real change; a failed target is rolled back after its last step.
+Snapshots (fleetfix.playbook.snapshots): with a SnapshotPolicy and guest drivers (FleetAccess.guest_for),
+each target gets a SnapshotGuard, asked right before a step's first change (after its check said "change
+needed"); a failed target is rolled back after its last step.
 """
 
 from __future__ import annotations
