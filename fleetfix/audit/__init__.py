@@ -4,8 +4,8 @@
     with AuditStore(default_db_path()) as store, Fleet() as fleet:
         run = run_audit(fleet, targets, policy=policy, store=store)
     run.drift.new_findings, run.exit_code           # reports: fleetfix.audit.report
-    after = remediate_audit(run, targets, playbook="playbooks/cuda-toolkit.yaml", apply=..., check=False,
-                            fleet=fleet, policy=policy, store=store)   # see fleetfix.audit.remediate
+    after = remediate_audit(run, targets, Remedy("playbooks/cuda-toolkit.yaml", apply=...),
+                            Auditor(fleet, policy, store))   # see fleetfix.audit.remediate
 
 Exit codes (for cron and systemd): 0 every target probed and no error-severity finding; 3 at least
 one error-severity finding; 4 at least one target unreachable or not probed (wins over 3, as for
@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict, Unpack
 
 from fleetfix.audit.drift import Drift, compute_drift
 from fleetfix.audit.model import FactsNeed, History, RunInfo, StoredRun, TargetResult
@@ -30,7 +30,7 @@ from fleetfix.audit.policy import (
     with_required_extensions,
     with_staleness,
 )
-from fleetfix.audit.remediate import ApplyPlaybook, Remediation, apply_to_failing
+from fleetfix.audit.remediate import Remediation, Remedy, apply_to_failing
 from fleetfix.audit.store import AuditStore, default_db_path
 from fleetfix.errors import ExitCode
 from fleetfix.fleet import Fleet
@@ -44,10 +44,12 @@ __all__ = [
     "DEFAULT_POLICY",
     "AuditRun",
     "AuditStore",
+    "Auditor",
     "Drift",
     "History",
     "Policy",
     "Remediation",
+    "Remedy",
     "RunInfo",
     "StoredRun",
     "TargetResult",
@@ -164,56 +166,71 @@ def per_target_baseline(store: AuditStore, run: StoredRun, newest: int) -> Store
     return StoredRun(newest_run.info, tuple(results.values()), origins)
 
 
-def _probe_into(
-    run_id: int, fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore, deep: bool,
-    on_progress: Callable[[TargetReport], None] | None,
-) -> None:
-    """Probe targets, judge each result by the policy and commit it to run_id as it arrives."""
-    prepared = [with_required_extensions(policy, target) for target in targets]
+@dataclass(frozen=True)
+class Auditor:
+    """How the audit probes and records: the fleet, the policy that judges each result, the history it is
+    committed to, deep probes or not, and who hears of each target as it is done (from worker threads)."""
 
-    def on_done(report: TargetReport) -> None:  # from worker threads; the store serialises writes
-        result = evaluate(policy, report)
-        if not result.reachable and policy.max_age.unreachable_days is not None:
-            result = with_staleness(policy, result, report.target, now=time.time(),
-                                    last_probed=store.last_probed(result.target),
-                                    first_seen=store.first_seen(result.target))
-        store.record_target(run_id, result)
-        if on_progress:
-            on_progress(report)
+    fleet: Fleet
+    policy: Policy
+    store: AuditStore
+    deep: bool = False
+    on_progress: Callable[[TargetReport], None] | None = None
 
-    probe_each(fleet, prepared, deep=deep, on_done=on_done)  # committed in on_done, nothing kept
+    def probe_into(self, run_id: int, targets: Sequence[Target]) -> None:
+        """Probe targets, judge each result by the policy and commit it to run_id as it arrives."""
+        policy, store = self.policy, self.store
+        prepared = [with_required_extensions(policy, target) for target in targets]
+
+        def on_done(report: TargetReport) -> None:  # from worker threads; the store serialises writes
+            result = evaluate(policy, report)
+            if not result.reachable and policy.max_age.unreachable_days is not None:
+                result = with_staleness(policy, result, report.target, now=time.time(),
+                                        last_probed=store.last_probed(result.target),
+                                        first_seen=store.first_seen(result.target))
+            store.record_target(run_id, result)
+            if self.on_progress:
+                self.on_progress(report)
+
+        # committed in on_done, nothing kept
+        probe_each(self.fleet, prepared, deep=self.deep, on_done=on_done)
+
+    def finish(self, run_id: int) -> None:
+        if not self.fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline
+            self.store.finish_run(run_id, finished=time.time())
 
 
-def run_audit(
-    fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore, deep: bool = False,
-    on_progress: Callable[[TargetReport], None] | None = None, args: Mapping[str, Any] | None = None,
-    facts: FactsNeed = True,
-) -> AuditRun:
+class AuditOptions(TypedDict, total=False):
+    """run_audit's options: Auditor's deep and on_progress; the run's args (what the command was asked,
+    recorded); which facts the returned run holds (FactsNeed)."""
+
+    deep: bool
+    on_progress: Callable[[TargetReport], None] | None
+    args: Mapping[str, Any] | None
+    facts: FactsNeed
+
+
+def run_audit(fleet: Fleet, targets: Sequence[Target], *, policy: Policy, store: AuditStore,
+              **options: Unpack[AuditOptions]) -> AuditRun:
     """Probe targets, judge each result by the policy and commit it as it arrives; then mark the run
     complete. An exception (or a kill) before the end leaves the run incomplete, its finished targets kept.
     Returns the run as stored (load_audit; facts=False: without the targets' facts, for reports that do
     not show them; a projection: with what it keeps of them)."""
-    run_id = store.start_run({**(args or {}), **policy_args(policy), "deep": deep})
-    _probe_into(run_id, fleet, targets, policy=policy, store=store, deep=deep, on_progress=on_progress)
-    if not fleet.interrupted:  # a Ctrl-C'd audit stays incomplete: never a drift baseline
-        store.finish_run(run_id, finished=time.time())
-    return load_audit(store, run_id, facts=facts)
+    auditor = Auditor(fleet, policy, store, options.get("deep", False), options.get("on_progress"))
+    run_id = store.start_run({**(options.get("args") or {}), **policy_args(policy), "deep": auditor.deep})
+    auditor.probe_into(run_id, targets)
+    auditor.finish(run_id)
+    return load_audit(store, run_id, facts=options.get("facts", True))
 
 
-def remediate_audit(
-    audit: AuditRun, targets: Sequence[Target], *, playbook: str, apply: ApplyPlaybook, check: bool,
-    fleet: Fleet, policy: Policy, store: AuditStore, vars: Mapping[str, Any] | None = None,
-    deep: bool = False, on_progress: Callable[[TargetReport], None] | None = None,
-) -> AuditRun:
-    """Apply the playbook (through `apply`, which records it) to the audit's failing targets, re-probe
-    them into a new run linked to the audit run, and return the run that shows the state afterwards:
-    that re-probe run, or the audit run itself when nothing was re-probed (check mode, nothing failing,
-    a refused playbook run). The remediation is stored on that run either way."""
+def remediate_audit(audit: AuditRun, targets: Sequence[Target], remedy: Remedy, auditor: Auditor) -> AuditRun:
+    """Apply the playbook (through `remedy.apply`, which records it) to the audit's failing targets,
+    re-probe them into a new run linked to the audit run, and return the run that shows the state
+    afterwards: that re-probe run, or the audit run itself when nothing was re-probed (check mode, nothing
+    failing, a refused playbook run). The remediation is stored on that run either way."""
+    store = auditor.store
     source = audit.info.id
-    remediation, reprobe = apply_to_failing(
-        audit.targets, targets, source_run=source, playbook=playbook, apply=apply, check=check,
-        vars=dict(vars or {}),
-    )
+    remediation, reprobe = apply_to_failing(audit.targets, targets, remedy, source)
     if not reprobe:
         store.set_remediation(source, remediation.to_json())
         return load_audit(store, source)
@@ -224,7 +241,6 @@ def remediate_audit(
     for result in audit.targets:
         if result.target not in reprobed:
             store.record_target(run_id, result)
-    _probe_into(run_id, fleet, reprobe, policy=policy, store=store, deep=deep, on_progress=on_progress)
-    if not fleet.interrupted:
-        store.finish_run(run_id, finished=time.time())
+    auditor.probe_into(run_id, reprobe)
+    auditor.finish(run_id)
     return load_audit(store, run_id)

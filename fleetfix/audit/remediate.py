@@ -17,7 +17,7 @@ be, and warnings are not worth an unattended change.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -120,12 +120,22 @@ def failing_targets(results: Sequence[TargetResult], targets: Sequence[Target]) 
     return [target for target in targets if target.name in failing]
 
 
-def apply_to_failing(
-    results: Sequence[TargetResult], targets: Sequence[Target], *, source_run: int, playbook: str,
-    apply: ApplyPlaybook, check: bool, vars: dict[str, Any],
-) -> tuple[Remediation, list[Target]]:
+@dataclass(frozen=True)
+class Remedy:
+    """What a remediation applies: the playbook (its path, for the record), `apply` that rolls it out on
+    the targets given and records it, check mode, and the vars (only recorded: masked by the caller)."""
+
+    playbook: str
+    apply: ApplyPlaybook
+    check: bool = False
+    vars: Mapping[str, Any] = field(default_factory=dict)
+
+
+def apply_to_failing(results: Sequence[TargetResult], targets: Sequence[Target], remedy: Remedy,
+                     source_run: int) -> tuple[Remediation, list[Target]]:
     """Run the playbook on the failing targets; returns what was done and the targets to re-probe
     (none in check mode, when nothing failed, or when the playbook run was refused before running)."""
+    playbook, apply, check, vars = remedy.playbook, remedy.apply, remedy.check, dict(remedy.vars)
     selected = failing_targets(results, targets)
     if not selected:
         return Remediation(playbook, check, source_run, NOTHING_TO_DO, reprobed=False,

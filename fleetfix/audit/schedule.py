@@ -86,6 +86,24 @@ def timespan_seconds(span: str, option: str = "--randomized-delay") -> int:
 
 
 @dataclass(frozen=True)
+class ScheduleRequest:
+    """What `schedule install` was asked for: the unit's name, when (--at, or --on-calendar), the audit's
+    own options, the history database, the interpreter and directory it runs with (default: this one's),
+    how long it may run, and the file its secrets come from."""
+
+    name: str
+    at: str = "03:00"
+    on_calendar: str | None = None
+    randomized_delay: str = "15min"
+    audit_args: Sequence[str] = ()
+    db: str | None = None
+    python: str | None = None
+    working_directory: str | None = None
+    timeout: str = DEFAULT_TIMEOUT
+    env_file: str | None = None
+
+
+@dataclass(frozen=True)
 class ScheduleSpec:
     name: str
     on_calendar: str
@@ -101,10 +119,10 @@ class ScheduleSpec:
     env_file: str | None = None
 
     @classmethod
-    def build(cls, *, name: str, at: str = "03:00", on_calendar: str | None = None,
-              randomized_delay: str = "15min", audit_args: Sequence[str] = (), db: str | None = None,
-              python: str | None = None, working_directory: str | None = None,
-              timeout: str = DEFAULT_TIMEOUT, env_file: str | None = None) -> ScheduleSpec:
+    def build(cls, request: ScheduleRequest) -> ScheduleSpec:
+        """The units' contents for what was asked, every value checked (ConfigError names the option)."""
+        name, at, on_calendar, audit_args = request.name, request.at, request.on_calendar, request.audit_args
+        db, python, timeout, env_file = request.db, request.python, request.timeout, request.env_file
         if not _UNIT_NAME.fullmatch(name):
             raise ConfigError(f"--name {name!r}: letters, digits and _ . @ - only")
         at_match = _AT.fullmatch(at)
@@ -126,9 +144,9 @@ class ScheduleSpec:
         interpreter = os.path.abspath(python or sys.executable)
         return cls(
             name=name, on_calendar=on_calendar or f"*-*-* {hour:02d}:{minute:02d}:00",
-            cron_time=f"{minute} {hour}", randomized_delay_s=timespan_seconds(randomized_delay),
+            cron_time=f"{minute} {hour}", randomized_delay_s=timespan_seconds(request.randomized_delay),
             argv=(interpreter, "-m", "fleetfix", "audit", *audit_args), environment=environment,
-            working_directory=_no_control(os.path.abspath(working_directory or os.getcwd()),
+            working_directory=_no_control(os.path.abspath(request.working_directory or os.getcwd()),
                                           "working directory"),
             timeout=" ".join(timeout.split()), timeout_s=timeout_s,
             env_file=None if env_file is None else _no_control(os.path.abspath(env_file), "--env-file"),

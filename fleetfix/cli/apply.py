@@ -34,7 +34,7 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     """Run the playbook on targets as `fleetfix apply` does: recorded, secrets masked in everything shown,
     each step printed as it ends (show_steps), scripts' output streamed (live_output)."""
     from fleetfix.cli.live import LiveOutput, step_printer
-    from fleetfix.playbook import RunRecorder, run_playbook
+    from fleetfix.playbook import FleetAccess, RunHooks, RunOptions, RunRecorder, run_playbook
     from fleetfix.probe.run import gather_facts
     from fleetfix.secrets import Redactor
 
@@ -47,16 +47,16 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     with RunRecorder(rollout.records_dir(), max_field=rollout.record_output or DEFAULT_RECORD_OUTPUT
                      ) as recorder:
         recorder.add_secrets(secrets)
-        run = run_playbook(
-            playbook, targets, fleet_map=fleet.map,
-            facts_for=lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-            vars=variables, check=rollout.check, recorder=recorder, serial=rollout.serial,
-            max_fail_pct=rollout.max_fail,
-            on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
-            on_output=None if live is None else live.on_output,
-            snapshots=rollout.snapshot_policy(), guest_for=fleet.guest, redactor=redactor,
-            wheels=rollout.wheel_options(),
-        )
+        fleet_access = FleetAccess(
+            fleet.map, lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
+            fleet.guest)
+        options = RunOptions(vars=variables, check_mode=rollout.check, serial=rollout.serial,
+                             max_fail_pct=rollout.max_fail, snapshots=rollout.snapshot_policy(),
+                             wheels=rollout.wheel_options())
+        hooks = RunHooks(recorder=recorder,
+                         on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
+                         on_output=None if live is None else live.on_output, redactor=redactor)
+        run = run_playbook(playbook, targets, fleet_access, options, hooks)
     if live is not None:
         live.flush()
     return run

@@ -7,6 +7,7 @@ probed (wins over 3); 2 bad input (policy, options); 1 anything else failed.
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from fleetfix.cli.common import (
     FleetOptions,
     ReportChoice,
     RolloutOptions,
+    gathered,
     handle_errors,
     report_options,
     resolve,
@@ -39,6 +41,16 @@ def _store(db: str | None, *, readonly: bool = False) -> AuditStore:
     return AuditStore(db or default_db_path(), readonly=readonly)
 
 
+@dataclass(frozen=True)
+class _AuditChoice:
+    """The audit's own options: its policy, its history, deep probes, and the playbook that remediates."""
+
+    policy_path: str | None
+    db: str | None
+    deep: bool
+    remediate_path: str | None
+
+
 # The usage line says so explicitly: the subcommand is optional (click releases disagree on what to infer).
 @click.group("audit", invoke_without_command=True, subcommand_metavar="[COMMAND] [ARGS]...")
 @targeting_options
@@ -53,8 +65,8 @@ def _store(db: str | None, *, readonly: bool = False) -> AuditStore:
 @rollout_options(help_prefix="With --remediate: ")
 @click.pass_context
 @handle_errors
-def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, deep: bool,
-                report: ReportChoice, remediate_path: str | None, rollout: RolloutOptions,
+@gathered("choice", _AuditChoice)
+def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoice, rollout: RolloutOptions,
                 targets: TargetRequest, fleet_options: FleetOptions) -> ExitCode | None:
     """Probe the fleet, judge it by a policy, record it, and report what changed since the last run.
 
@@ -71,8 +83,10 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     if ctx.invoked_subcommand is not None:
         return None
     from fleetfix.audit import (
+        Auditor,
         AuditStore,
         RemediatedAudit,
+        Remedy,
         default_db_path,
         load_policy,
         remediate_audit,
@@ -82,6 +96,7 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
     from fleetfix.cli.progress import ProbeProgress
     from fleetfix.playbook import load_playbook
 
+    policy_path, db, deep, remediate_path = choice.policy_path, choice.db, choice.deep, choice.remediate_path
     if remediate_path is None and rollout.given():
         raise ConfigError(f"{', '.join(rollout.given())}: these apply options need --remediate PLAYBOOK")
     policy = load_policy(policy_path)
@@ -109,12 +124,11 @@ def audit_group(ctx: click.Context, /, policy_path: str | None, db: str | None, 
             return run.exit_code
         # Steps stream on a terminal (like the probe's progress); cron and --json stay quiet.
         show_steps = sys.stdout.isatty() and not report.as_json
-        final = remediate_audit(
-            run, resolved, playbook=remediate_path, check=rollout.check, fleet=fleet, policy=policy,
-            store=store, vars=mask_vars(variables, secrets), deep=deep,  # only recorded: masked
+        remedy = Remedy(
+            remediate_path, check=rollout.check, vars=mask_vars(variables, secrets),  # only recorded: masked
             apply=lambda chosen: roll_out(playbook, chosen, fleet, rollout, show_steps=show_steps,
-                                          live_output=False),
-        )
+                                          live_output=False))
+        final = remediate_audit(run, resolved, remedy, Auditor(fleet, policy, store, deep))
         result = run if final is run else RemediatedAudit(run, final)
         report.emit(result)  # under the lock too: the report files are this run's
     return result.exit_code

@@ -95,6 +95,21 @@ def _collect(names: Sequence[str], kwargs: dict[str, Any]) -> dict[str, Any]:
     return {name: kwargs.pop(name) for name in names}
 
 
+def gathered(into: str, cls: Callable[..., Any]) -> Callable[[F], F]:
+    """The command receives the options named like cls's fields as one `into` argument, cls(...) of them.
+    Put it below the options (nearest the function): it moves no option, so --help is unchanged."""
+    names = [f.name for f in fields(cast(Any, cls))]
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return func(*args, **{into: cls(**_collect(names, kwargs))}, **kwargs)
+
+        return cast(F, wrapper)
+
+    return decorate
+
+
 # --- targeting ---------------------------------------------------------------------------------------
 
 _TARGET_FIELDS = [f.name for f in fields(TargetRequest) if f.name != "local"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,7 +19,7 @@ import click
 from click.core import ParameterSource
 
 from fleetfix.cli.audit import audit_group
-from fleetfix.cli.common import handle_errors
+from fleetfix.cli.common import gathered, handle_errors
 from fleetfix.errors import ConfigError
 from fleetfix.secrets import check_private_file
 
@@ -130,10 +131,24 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
     return argv
 
 
-def _spec(name: str, at: str, on_calendar: str | None, randomized_delay: str, audit_args: tuple[str, ...],
-          db: str | None, timeout: str, env_file: str | None = None) -> ScheduleSpec:
-    from fleetfix.audit.schedule import ScheduleSpec
+@dataclass(frozen=True)
+class _Schedule:
+    """install's options that make the units (the rest say where they go, or print them)."""
+
+    name: str
+    at: str
+    on_calendar: str | None
+    randomized_delay: str
+    timeout: str
+    db: str | None
+    env_file: str | None
+
+
+def _spec(asked: _Schedule, audit_args: tuple[str, ...]) -> ScheduleSpec:
+    from fleetfix.audit.schedule import ScheduleRequest, ScheduleSpec
     from fleetfix.audit.store import default_db_path
+
+    db, env_file = asked.db, asked.env_file
 
     cwd = Path.cwd()
     pinned = pin_audit_args(audit_args, cwd)
@@ -150,9 +165,9 @@ def _spec(name: str, at: str, on_calendar: str | None, randomized_delay: str, au
         if problem:
             raise ConfigError(f"--env-file: {env_file}: {problem}")
         check_private_file(env_file, "--env-file")
-    return ScheduleSpec.build(name=name, at=at, on_calendar=on_calendar, randomized_delay=randomized_delay,
-                              audit_args=pinned, db=db, working_directory=str(cwd), timeout=timeout,
-                              env_file=env_file)
+    return ScheduleSpec.build(ScheduleRequest(
+        name=asked.name, at=asked.at, on_calendar=asked.on_calendar, randomized_delay=asked.randomized_delay,
+        audit_args=pinned, db=db, working_directory=str(cwd), timeout=asked.timeout, env_file=env_file))
 
 
 _NAME = click.option("--name", default="fleetfix-audit", show_default=True, help="Unit name (no suffix).")
@@ -178,8 +193,8 @@ _UNIT_DIR = click.option("--unit-dir", type=click.Path(file_okay=False), default
 @click.option("--dry-run", is_flag=True, help="Print the units; write nothing.")
 @click.argument("audit_args", nargs=-1, type=click.UNPROCESSED, metavar="[-- AUDIT OPTIONS]")
 @handle_errors
-def schedule_install(name: str, unit_dir: str, at: str, on_calendar: str | None, randomized_delay: str,
-                     timeout: str, db: str | None, env_file: str | None, cron: bool, dry_run: bool,
+@gathered("asked", _Schedule)
+def schedule_install(asked: _Schedule, unit_dir: str, cron: bool, dry_run: bool,
                      audit_args: tuple[str, ...]) -> None:
     """Install a systemd timer running `fleetfix audit AUDIT OPTIONS` daily (or print the cron line).
 
@@ -195,10 +210,10 @@ def schedule_install(name: str, unit_dir: str, at: str, on_calendar: str | None,
     """
     from fleetfix.audit import schedule
 
-    if cron and env_file:
+    if cron and asked.env_file:
         raise ConfigError("--env-file is for the systemd unit: a crontab line has no environment file; give "
                           "the secrets as @file:PATH references instead")
-    spec = _spec(name, at, on_calendar, randomized_delay, audit_args, db, timeout, env_file)
+    spec = _spec(asked, audit_args)
     if cron:
         click.echo(schedule.cron_line(spec))
         return

@@ -12,6 +12,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 from fleetfix.errors import ConfigError
 from fleetfix.target import NODE, Become, GuestRef, NodeRef, SSHSettings, Target
@@ -31,20 +32,23 @@ def resolved_file(value: str | None, base: Path) -> str | None:
     return str(expanded if expanded.is_absolute() else base / expanded)
 
 
-def adhoc_targets(
-    host: str,
-    *,
-    port: int = 22,
-    user: str = "root",
-    identity_file: str | None = None,
-    known_hosts: str | None = None,
-    accept_new: bool = False,
-    ctids: Sequence[int] = (),
-    connect_timeout: float = 10.0,
-    vmids: Sequence[int] = (),
-    become: Become | None = None,
-) -> list[Target]:
+class SSHOptions(TypedDict, total=False):
+    """How `--host` is reached (the SSH options of the command line), as adhoc_targets takes them."""
+
+    port: int  # 22
+    user: str  # root
+    identity_file: str | None
+    known_hosts: str | None
+    accept_new: bool
+    connect_timeout: float  # seconds, 10
+    become: Become | None
+
+
+def adhoc_targets(host: str, *, ctids: Sequence[int] = (), vmids: Sequence[int] = (),
+                  **ssh: Unpack[SSHOptions]) -> list[Target]:
     """Targets from `--host/--ct/--vm`: the node itself, or one target per CT and VM sharing one NodeRef."""
+    port, user = ssh.get("port", 22), ssh.get("user", "root")
+    connect_timeout = ssh.get("connect_timeout", 10.0)
     if not ADDRESS_PATTERN.fullmatch(host):
         raise ConfigError(f"--host {host!r}: expected a host name or IP address")
     if not 1 <= port <= 65535:
@@ -68,8 +72,9 @@ def adhoc_targets(
     cwd = Path.cwd()
     settings = SSHSettings(
         address=host, port=port, user=user,
-        identity_file=resolved_file(identity_file, cwd), known_hosts=resolved_file(known_hosts, cwd),
-        accept_new=accept_new, connect_timeout=float(connect_timeout), become=become,
+        identity_file=resolved_file(ssh.get("identity_file"), cwd),
+        known_hosts=resolved_file(ssh.get("known_hosts"), cwd), accept_new=ssh.get("accept_new", False),
+        connect_timeout=float(connect_timeout), become=ssh.get("become"),
     )
     ref = NodeRef(name=host, ssh=settings)
     if not guests:

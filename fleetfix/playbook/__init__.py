@@ -7,7 +7,11 @@ from fleetfix.playbook.load import load_playbook, parse_playbook
 from fleetfix.playbook.model import Playbook, Step
 from fleetfix.playbook.records import RunRecorder, list_runs, load_run
 from fleetfix.playbook.runner import (
+    FleetAccess,
     PlaybookRun,
+    RunContext,
+    RunHooks,
+    RunOptions,
     StepResult,
     TargetPlan,
     TargetRun,
@@ -17,8 +21,12 @@ from fleetfix.playbook.runner import (
 )
 
 __all__ = [
+    "FleetAccess",
     "Playbook",
     "PlaybookRun",
+    "RunContext",
+    "RunHooks",
+    "RunOptions",
     "RunRecorder",
     "Step",
     "StepResult",

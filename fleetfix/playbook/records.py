@@ -21,8 +21,8 @@ Secrets: vars named like *password*, *secret* or *token* are masked in recorded 
 (4 characters or more) are replaced by the mask wherever they appear in scripts and output.
 
 Bounded: every string in an event (a script's output, above all) is cut to `max_field` bytes, its first and
-last halves kept around a marker line that says how much was dropped (`transport.base.cap_text`): a step
-printing 100 MB once made a 200 MB events.jsonl that `runs list` then took 8.6 s to read.
+last halves kept around a marker line that says how much was dropped (`transport.base.cap_text`): otherwise
+one step's runaway output would grow the record without bound, and every later `runs list` reads it whole.
 """
 
 from __future__ import annotations

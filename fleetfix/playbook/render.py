@@ -26,20 +26,17 @@ import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import jinja2
 from jinja2 import meta, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
-from fleetfix.errors import PlaybookError, TemplateError
+from fleetfix.errors import ConfigError, PlaybookError, TemplateError
 
-if TYPE_CHECKING:
-    from fleetfix.playbook.model import Playbook, Step
-
+# Names the templates see at top level; a var may not take one of them.
+RESERVED_NAMES = frozenset({"facts", "vars", "registered", "target", "result", "item"})
 SCRIPT_FIELDS = ("check", "apply", "verify")
-WHEEL_SCRIPTS = ("describe", "build", "install", "verify")
-WHEEL_TEXTS = ("upstream", "source", "source_sha256")  # a wheels step's per-item text templates
 EXPRESSION_FIELDS = ("when", "until", "changed_when")
 _RESULT_FIELDS = ("until", "changed_when")  # the only fields that see `result`
 
@@ -269,6 +266,161 @@ def _registered_refs(ast: nodes.Template) -> tuple[bool, set[str]]:
     return mentioned, names
 
 
+# --- what render sees of the model, and what a step type sees of render ------------------------------
+# The model builds its Step from the step types (steps/), and those render their own templates here: so
+# this module names the model only through these protocols (the import graph stays a tree).
+
+Loc = tuple[str | int, ...]
+
+
+class StepFields(Protocol):
+    """A step's own fields (model.Step), as the templates and the step types see them."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def when(self) -> str | None: ...
+    @property
+    def check(self) -> str | None: ...
+    @property
+    def apply(self) -> str | None: ...
+    @property
+    def verify(self) -> str | None: ...
+    @property
+    def until(self) -> str | None: ...
+    @property
+    def changed_when(self) -> str | None: ...
+    @property
+    def retries(self) -> int: ...
+    @property
+    def delay(self) -> float: ...
+    @property
+    def timeout(self) -> float | None: ...
+    @property
+    def ignore_errors(self) -> bool: ...
+    @property
+    def register_as(self) -> str | None: ...
+    @property
+    def env(self) -> Mapping[str, str | int | float | bool]: ...
+    @property
+    def action(self) -> tuple[StepTemplates, Any] | None: ...  # the step's type and its spec, if typed
+
+
+class StepTemplates(Protocol):
+    """The template side of a step type (steps/base.StepType)."""
+
+    @property
+    def key(self) -> str: ...
+
+    def compile(self, spec: Any, compiler: Compiler) -> Any: ...
+
+    def render(self, spec: Any, compiled: Any, renderer: Renderer) -> Any: ...
+
+
+class PlaybookSource(Protocol):
+    """A playbook (model.Playbook), as its templates are compiled and rendered."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def vars(self) -> Mapping[str, Any]: ...
+    @property
+    def steps(self) -> Sequence[StepFields]: ...
+
+    def error_at(self, loc: Loc, message: str, cls: type[ConfigError] = PlaybookError) -> ConfigError: ...
+
+
+class Compiler(Protocol):
+    """Load time, for one step: compiles a step type's templates; every loc is relative to the step and
+    an error names file, line and field."""
+
+    def text(self, source: str, loc: Loc) -> jinja2.Template:
+        """Plain text, not quoted (a path, a key)."""
+        ...
+
+    def script(self, source: str, loc: Loc) -> jinja2.Template:
+        """A shell script: every value shell-quoted; a `{{ }}` inside shell quotes is refused."""
+        ...
+
+    def expression(self, source: str, loc: Loc) -> Any:
+        """A jinja2 expression, evaluated to a value by Renderer.evaluate."""
+        ...
+
+    def error(self, loc: Loc, message: str) -> ConfigError:
+        """A load-time error about the step's field at loc."""
+        ...
+
+
+class Renderer(Protocol):
+    """Per target, for one step: renders what a Compiler compiled. `field` is the dotted path of the
+    template under the step (`copy.src`), named in errors; `extra` adds names to the scope (`item`)."""
+
+    @property
+    def exports(self) -> str: ...  # the step's env, exported: the top of each of its scripts
+    @property
+    def directory(self) -> Path: ...  # the playbook's directory: where its relative paths start
+
+    def text(self, template: jinja2.Template, field: str, extra: Mapping[str, Any] | None = None) -> str: ...
+
+    def evaluate(self, expression: Any, field: str, extra: Mapping[str, Any] | None = None) -> Any: ...
+
+    def error(self, field: str, exc: BaseException) -> TemplateError:
+        """A template error about the step's field (e.g. a path that rendered empty)."""
+        ...
+
+
+class _StepCompiler:
+    def __init__(self, compiled: CompiledPlaybook, step: StepFields, at: Loc,
+                 asts: list[tuple[Loc, nodes.Template]]) -> None:
+        self.compiled, self.step, self.at, self.asts = compiled, step, at, asts
+
+    def text(self, source: str, loc: Loc) -> jinja2.Template:
+        ast, template = self.compiled._parse(TEXT_ENV, source, (*self.at, *loc))
+        self.asts.append(((*self.at, *loc), ast))
+        return template
+
+    def script(self, source: str, loc: Loc) -> jinja2.Template:
+        return self.compiled._compile_script(self.step, source, (*self.at, *loc), self.asts)
+
+    def expression(self, source: str, loc: Loc) -> Any:
+        try:
+            self.asts.append(((*self.at, *loc), TEXT_ENV.parse("{{ " + source + " }}")))
+            return TEXT_ENV.compile_expression(source, undefined_to_none=False)
+        except jinja2.TemplateSyntaxError as exc:
+            raise self.error(loc, f"expression syntax error: {exc.message}") from None
+
+    def error(self, loc: Loc, message: str) -> ConfigError:
+        return self.compiled.playbook.error_at((*self.at, *loc), message)
+
+
+class _StepRenderer:
+    def __init__(self, compiled: CompiledPlaybook, step: CompiledStep, scope: Mapping[str, Any],
+                 exports: str) -> None:
+        self.compiled, self.step, self.scope, self.exports = compiled, step, scope, exports
+
+    @property
+    def directory(self) -> Path:
+        path = self.compiled.playbook.path
+        return Path(path).parent if path != "<playbook>" else Path.cwd()
+
+    def text(self, template: jinja2.Template, field: str, extra: Mapping[str, Any] | None = None) -> str:
+        try:
+            return template.render({**self.scope, **extra} if extra else self.scope)
+        except _RENDER_ERRORS as exc:
+            raise self.error(field, exc) from None
+
+    def evaluate(self, expression: Any, field: str, extra: Mapping[str, Any] | None = None) -> Any:
+        try:
+            return expression(**({**self.scope, **extra} if extra else self.scope))
+        except _RENDER_ERRORS as exc:
+            raise self.error(field, exc) from None
+
+    def error(self, field: str, exc: BaseException) -> TemplateError:
+        return self.compiled._step_error(self.step, field, exc)
+
+
 # --- compiled playbooks ----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -304,8 +456,7 @@ class RenderedStep:
     check: str | None
     apply: str | None
     verify: str | None
-    transfer: RenderedTransfer | None = None
-    wheels: list[RenderedItem] | None = None
+    action: Any = None  # a typed step's own part, as its type rendered it (StepType.render)
 
     def script(self, phase: str) -> str | None:
         value: str | None = getattr(self, phase)
@@ -313,29 +464,20 @@ class RenderedStep:
 
 
 @dataclass
-class CompiledWheels:
-    items: Any  # jinja2 TemplateExpression
-    key: dict[str, jinja2.Template]
-    scripts: dict[str, jinja2.Template]  # WHEEL_SCRIPTS
-    texts: dict[str, jinja2.Template]  # those of WHEEL_TEXTS the step gives
-
-
-@dataclass
 class CompiledStep:
     index: int
-    step: Step
+    step: StepFields
     scripts: dict[str, jinja2.Template]
     env: dict[str, jinja2.Template]
     expressions: dict[str, Any]  # field -> jinja2 TemplateExpression
     uses_registered: bool  # renders at run time, just before it runs
-    transfer: dict[str, jinja2.Template] | None = None  # src, dest of a copy/fetch step
-    wheels: CompiledWheels | None = None
+    action: Any = None  # a typed step's own templates, as its type compiled them (StepType.compile)
 
 
 class CompiledPlaybook:
     """Every template of one playbook, compiled and checked once, rendered per target."""
 
-    def __init__(self, playbook: Playbook) -> None:
+    def __init__(self, playbook: PlaybookSource) -> None:
         self.playbook = playbook
         self.var_templates = {name: self._compile_value(value, ("vars", name))
                               for name, value in playbook.vars.items()}
@@ -366,25 +508,19 @@ class CompiledPlaybook:
             raise self.playbook.error_at(
                 loc, f"template syntax error (template line {exc.lineno}): {exc.message}") from None
 
-    def _compile_step(self, index: int, step: Step, registered_before: set[str]) -> CompiledStep:
-        at: tuple[str | int, ...] = ("steps", index)
-        asts: list[tuple[tuple[str | int, ...], nodes.Template]] = []
+    def _compile_step(self, index: int, step: StepFields, registered_before: set[str]) -> CompiledStep:
+        at: Loc = ("steps", index)
+        asts: list[tuple[Loc, nodes.Template]] = []
         scripts: dict[str, jinja2.Template] = {}
         for field in SCRIPT_FIELDS:
             source = getattr(step, field)
             if source is None:
                 continue
             scripts[field] = self._compile_script(step, source, (*at, field), asts)
-        transfer: dict[str, jinja2.Template] | None = None
-        if step.transfer is not None:
-            kind, spec = step.transfer
-            transfer = {}
-            for field in ("src", "dest"):
-                ast, transfer[field] = self._parse(TEXT_ENV, getattr(spec, field), (*at, kind, field))
-                asts.append(((*at, kind, field), ast))
-        wheels: CompiledWheels | None = None
-        if step.wheels is not None:
-            wheels = self._compile_wheels(step, at, asts)
+        action: Any = None
+        if step.action is not None:
+            kind, spec = step.action
+            action = kind.compile(spec, _StepCompiler(self, step, at, asts))
         env: dict[str, jinja2.Template] = {}
         for name, value in step.env.items():
             ast, env[name] = self._parse(TEXT_ENV, str(value), (*at, "env", name))
@@ -410,10 +546,10 @@ class CompiledPlaybook:
             if "result" in meta.find_undeclared_variables(ast) and loc[-1] not in _RESULT_FIELDS:
                 raise self.playbook.error_at(
                     loc, f"step {step.name!r}: `result` exists only in until and changed_when")
-        return CompiledStep(index, step, scripts, env, expressions, uses_registered, transfer, wheels)
+        return CompiledStep(index, step, scripts, env, expressions, uses_registered, action)
 
-    def _compile_script(self, step: Step, source: str, loc: tuple[str | int, ...],
-                        asts: list[tuple[tuple[str | int, ...], nodes.Template]]) -> jinja2.Template:
+    def _compile_script(self, step: StepFields, source: str, loc: Loc,
+                        asts: list[tuple[Loc, nodes.Template]]) -> jinja2.Template:
         for line, expression, where in _quoting_problems(source):
             raise self.playbook.error_at(
                 loc,
@@ -424,34 +560,6 @@ class CompiledPlaybook:
         asts.append((loc, ast))
         return template
 
-    def _compile_wheels(self, step: Step, at: tuple[str | int, ...],
-                        asts: list[tuple[tuple[str | int, ...], nodes.Template]]) -> CompiledWheels:
-        spec = step.wheels
-        assert spec is not None
-        here = (*at, "wheels")
-        try:
-            asts.append(((*here, "items"), TEXT_ENV.parse("{{ " + spec.items + " }}")))
-            items = TEXT_ENV.compile_expression(spec.items, undefined_to_none=False)
-        except jinja2.TemplateSyntaxError as exc:
-            raise self.playbook.error_at((*here, "items"),
-                                         f"expression syntax error: {exc.message}") from None
-        key: dict[str, jinja2.Template] = {}
-        for name, value in spec.key.items():
-            if name in ("name", "version") or not _KEY_FIELD.match(name):
-                raise self.playbook.error_at((*here, "key", name), "a key field is an identifier other "
-                                             "than name and version (those come from describe)")
-            ast, key[name] = self._parse(TEXT_ENV, value, (*here, "key", name))
-            asts.append(((*here, "key", name), ast))
-        scripts = {field: self._compile_script(step, getattr(spec, field), (*here, field), asts)
-                   for field in WHEEL_SCRIPTS}
-        texts: dict[str, jinja2.Template] = {}
-        for name in WHEEL_TEXTS:
-            value = getattr(spec, name)
-            if value is not None:
-                ast, texts[name] = self._parse(TEXT_ENV, value, (*here, name))
-                asts.append(((*here, name), ast))
-        return CompiledWheels(items, key, scripts, texts)
-
     # per target
 
     def resolve_vars(
@@ -461,8 +569,6 @@ class CompiledPlaybook:
         """Playbook defaults < inventory target vars < --var. Defaults are templates over facts, target
         and the vars above them; a default that is overridden is never rendered."""
         given = {**target_vars, **cli_vars}
-        from fleetfix.playbook.model import RESERVED_NAMES
-
         for name in given:
             if name in RESERVED_NAMES:
                 raise TemplateError(f"var name {name!r} is reserved", path=self.playbook.path,
@@ -523,74 +629,15 @@ class CompiledPlaybook:
                 rendered[field] = "".join(exports) + script.render(scope)
             except _RENDER_ERRORS as exc:
                 raise self._step_error(compiled, field, exc) from None
-        transfer = self._render_transfer(compiled, scope)
-        wheels = self._render_wheels(compiled, scope, "".join(exports))
-        return RenderedStep(rendered["check"], rendered["apply"], rendered["verify"], transfer, wheels)
-
-    def _render_transfer(self, compiled: CompiledStep, scope: Mapping[str, Any]) -> RenderedTransfer | None:
-        if compiled.transfer is None or compiled.step.transfer is None:
-            return None
-        kind, spec = compiled.step.transfer
-        paths: dict[str, str] = {}
-        for field, template in compiled.transfer.items():
-            try:
-                paths[field] = template.render(scope)
-            except _RENDER_ERRORS as exc:
-                raise self._step_error(compiled, f"{kind}.{field}", exc) from None
-            if not paths[field].strip():
-                raise self._step_error(compiled, f"{kind}.{field}", ValueError(f"{field} rendered empty"))
-        controller = "src" if kind == "copy" else "dest"
-        guest = "dest" if kind == "copy" else "src"
-        if not paths[guest].startswith("/"):
-            raise self._step_error(compiled, f"{kind}.{guest}",
-                                   ValueError(f"{paths[guest]!r}: a target path must be absolute"))
-        local = Path(paths[controller]).expanduser()
-        if not local.is_absolute():  # relative to the playbook's file, like `requires`
-            base = Path(self.playbook.path).parent if self.playbook.path != "<playbook>" else Path.cwd()
-            local = base / local
-        paths[controller] = str(local)
-        mode = int(spec.mode, 8) if spec.mode is not None else None
-        return RenderedTransfer(kind, paths["src"], paths["dest"], mode, spec.max_size)
-
-    def _render_wheels(self, compiled: CompiledStep, scope: Mapping[str, Any], exports: str
-                       ) -> list[RenderedItem] | None:
-        wheels = compiled.wheels
-        if wheels is None:
-            return None
-        try:
-            items = wheels.items(**scope)
-        except _RENDER_ERRORS as exc:
-            raise self._step_error(compiled, "wheels.items", exc) from None
-        if isinstance(items, str | bytes | Mapping) or not isinstance(items, Sequence):
-            raise self._step_error(compiled, "wheels.items",
-                                   TypeError(f"items is a list, not {type(items).__name__}"))
-        rendered: list[RenderedItem] = []
-        for item in items:
-            item_scope = {**scope, "item": scoped(item, "item")}
-            key: dict[str, str] = {}
-            for name, template in wheels.key.items():
-                try:
-                    key[name] = template.render(item_scope).strip()
-                except _RENDER_ERRORS as exc:
-                    raise self._step_error(compiled, f"wheels.key.{name}", exc) from None
-            scripts: dict[str, str] = {}
-            for field, template in wheels.scripts.items():
-                try:
-                    scripts[field] = exports + template.render(item_scope)
-                except _RENDER_ERRORS as exc:
-                    raise self._step_error(compiled, f"wheels.{field}", exc) from None
-            texts = dict.fromkeys(WHEEL_TEXTS, "")
-            for name, template in wheels.texts.items():
-                try:
-                    texts[name] = template.render(item_scope).strip()
-                except _RENDER_ERRORS as exc:
-                    raise self._step_error(compiled, f"wheels.{name}", exc) from None
-            rendered.append(RenderedItem(item, key, scripts["describe"], scripts["build"], scripts["install"],
-                                         scripts["verify"], **texts))
-        return rendered
+        action: Any = None
+        if compiled.step.action is not None:
+            kind, spec = compiled.step.action
+            renderer = _StepRenderer(self, compiled, scope, "".join(exports))
+            action = kind.render(spec, compiled.action, renderer)
+        return RenderedStep(rendered["check"], rendered["apply"], rendered["verify"], action)
 
     def _step_error(self, compiled: CompiledStep, field: str, exc: BaseException) -> TemplateError:
-        loc: tuple[str | int, ...] = ("steps", compiled.index, *field.split("."))
+        loc: Loc = ("steps", compiled.index, *field.split("."))
         error = self.playbook.error_at(loc, f"step {compiled.step.name!r}: {_message(exc)}", TemplateError)
         assert isinstance(error, TemplateError)
         return error
@@ -601,7 +648,11 @@ def _message(exc: BaseException) -> str:
     return " ".join(text.split()) or type(exc).__name__
 
 
-def compile_playbook(playbook: Playbook) -> CompiledPlaybook:
+class _Cached(PlaybookSource, Protocol):
+    _compiled: Any
+
+
+def compile_playbook(playbook: _Cached) -> CompiledPlaybook:
     """Compile (once; cached on the playbook) and check every template. Raises PlaybookError."""
     if playbook._compiled is None:
         playbook._compiled = CompiledPlaybook(playbook)

@@ -2,19 +2,21 @@
 
 Per step: `when` false → skipped. `check` exits 0 → ok (its last stdout line is the reason). In check
 mode stop there → would-change. Otherwise `apply` (retried per retries/delay/until), then `verify` must
-exit 0 → changed. A step with only `check` is an assertion: a failing check fails the step. A failed step
-stops its target (unless ignore_errors); it never stops other targets. A transport failure makes the
-target unreachable; nothing is raised out of a target.
+exit 0 → changed. A step with only `check` is an assertion: a failing check fails the step. A step of a
+type (steps/: copy, fetch, wheels, ...) is run by its type once its own check, if any, did not pass. A
+failed step stops its target (unless ignore_errors); it never stops other targets. A transport failure
+makes the target unreachable; nothing is raised out of a target.
 
 Fleet level, in two phases so that a template error stops the run before anything runs anywhere:
-1. plan: per target, gather facts (injected `facts_for`), resolve vars, evaluate `when` and render every
+1. plan: per target, gather facts (FleetAccess.facts_for), resolve vars, evaluate `when` and render every
    script that does not depend on `registered`;
 2. run: per target, the planned steps — in `serial` batches, stopping early past `max_fail_pct`.
-Concurrency, connections and per-target error capture belong to the injected `fleet_map`.
+Concurrency, connections and per-target error capture belong to the fleet (FleetAccess.map). What all
+targets of a run share travels down as one RunContext, not as parameters at every level.
 
-Snapshots (fleetfix.playbook.snapshots): with a SnapshotPolicy and an injected `guest_for`, each target gets
-a SnapshotGuard, asked right before a step's apply (after its check said "change needed") and so only
-before the first real change; a failed target is rolled back after its last step.
+Snapshots (fleetfix.playbook.snapshots): with a SnapshotPolicy and guest drivers (FleetAccess.guest_for),
+each target gets a SnapshotGuard, asked right before a step's first change (after its check said "change
+needed"); a failed target is rolled back after its last step.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, cast
 
 from fleetfix.errors import (
     CommandTimeoutError,
@@ -34,26 +36,22 @@ from fleetfix.errors import (
     TransferError,
     TransportError,
 )
-from fleetfix.guests.base import Guest
 from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
-from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun, RunIn
+from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
-from fleetfix.playbook.render import (
-    CompiledPlaybook,
-    CompiledStep,
-    RenderedStep,
-    RenderedTransfer,
-    compile_playbook,
-    scoped,
-)
+from fleetfix.playbook.render import CompiledPlaybook, CompiledStep, RenderedStep, compile_playbook, scoped
 from fleetfix.playbook.snapshots import GuestFor, SnapshotGuard, SnapshotOutcome, SnapshotPolicy
-from fleetfix.playbook.transfers import run_transfer
-from fleetfix.playbook.wheels import WheelOptions, label, run_wheels
+from fleetfix.playbook.steps import StepEnd, StepType
+from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.secrets import Redactor, mask_vars, secret_values
 from fleetfix.target import Target
 from fleetfix.transport.base import CappedOutput, CommandResult, OutputSink, Stream, Transport, run_script
 from fleetfix.wheels.source import Sources
+
+if TYPE_CHECKING:
+    from fleetfix.fleet import Outcome
+    from fleetfix.guests.base import Guest
 
 StepStatus = Literal["ok", "changed", "would-change", "failed", "skipped"]
 TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "unreachable"]
@@ -61,7 +59,6 @@ TargetStatus = Literal["ok", "changed", "would-change", "failed", "skipped", "un
 Phase = Literal["check", "apply", "verify", "describe", "build", "install"]
 
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
 # on_output(target, step name, "stdout" | "stderr", chunk): a script's output as it arrives. Called from
 # worker (and reader) threads, for many targets at once: the handler must be thread-safe.
 StepOutputHandler = Callable[[Target, str, Stream, bytes], None]
@@ -180,6 +177,10 @@ class PlaybookRun:
                 "targets": [run.to_dict() for run in self.targets]}
 
 
+# on_step(target, result): each step's result as it ends; called from the same threads as on_output.
+StepHandler = Callable[[Target, StepResult], None]
+
+
 # --- plans -----------------------------------------------------------------------------------------
 
 @dataclass
@@ -233,6 +234,31 @@ def plan_target(
                 steps.append(PlannedStep(step, rendered=compiled.render(step, scope)))
         plays.append(PlannedPlay(compiled, play_vars, steps))
     return TargetPlan(target, dict(facts), info, plays)
+
+
+# --- the run's context ----------------------------------------------------------------------------
+
+GuardFor = Callable[[Target], SnapshotGuard | None]
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """What every target and step of one run shares. run_playbook builds it once and hands it down whole,
+    so that a new setting is one field here rather than one more parameter at each level.
+
+    check_mode is the dry run (`apply --check`): only `when` and `check` run. It is named so everywhere,
+    apart from a step's `check` script, which is something else."""
+
+    check_mode: bool = False
+    recorder: Recorder = field(default_factory=NullRecorder)
+    on_step: StepHandler | None = None
+    on_output: StepOutputHandler | None = None
+    # each target's guest driver: copy/fetch/wheels steps move files with it; None: such steps fail
+    guest_for: GuestFor | None = None
+    # each target's snapshot guard, made when the target starts (it keeps that target's state)
+    guard_for: GuardFor | None = None
+    wheels: WheelOptions = field(default_factory=WheelOptions)
+    sleep: Callable[[float], None] = time.sleep  # between apply attempts; tests pass a recorder of delays
 
 
 # --- one target ------------------------------------------------------------------------------------
@@ -301,21 +327,30 @@ def _why(run: ScriptRun) -> str:
 
 
 class _StepRunner:
-    """Runs one planned step on one target. Kept small: one method per part of the protocol."""
+    """Runs one planned step on one target. Kept small: one method per part of the protocol. To a typed
+    step's type it is the StepCall (steps/base.py)."""
 
-    def __init__(self, plan: TargetPlan, play: PlannedPlay, planned: PlannedStep, transport: Transport,
-                 recorder: Recorder, registered: Mapping[str, Any], sleep: Callable[[float], None],
-                 on_output: StepOutputHandler | None = None, guard: SnapshotGuard | None = None,
-                 guest: Callable[[], Guest] | None = None, wheels: WheelOptions | None = None) -> None:
-        self.plan, self.play, self.planned = plan, play, planned
+    def __init__(self, target: _TargetState, play: PlannedPlay, planned: PlannedStep,
+                 registered: Mapping[str, Any]) -> None:
+        self.plan, self.play, self.planned = target.plan, play, planned
         self.step = planned.compiled.step
-        self.transport, self.recorder, self.registered, self.sleep = transport, recorder, registered, sleep
-        self.on_output = on_output
-        self.guard = guard
-        self.guest, self.wheels = guest, wheels or WheelOptions()
+        self.context, self.transport, self.guard = target.context, target.transport, target.guard
+        self.recorder, self.registered, self.sleep = target.context.recorder, registered, target.context.sleep
+        self.on_output = target.context.on_output
+        self.wheels = target.context.wheels
+        self.check_mode = target.context.check_mode
+        self.would_change_before = False
         self.runs: list[ScriptRun] = []
         self.started = time.monotonic()
-        self.extra: dict[str, Any] = {}  # what a transfer/wheels step adds to its registered value
+        self.extra: dict[str, Any] = {}  # what a typed step adds to its registered value
+
+    @property
+    def target(self) -> Target:
+        return self.plan.target
+
+    @property
+    def last_run(self) -> ScriptRun | None:
+        return self.runs[-1] if self.runs else None
 
     def _scope(self, result: ScriptRun | None = None) -> dict[str, Any]:
         scope = self.play.compiled.scope(facts=self.plan.facts, vars=self.play.vars,
@@ -333,7 +368,7 @@ class _StepRunner:
             playbook=self.play.compiled.playbook.name,
             ignored=status == "failed" and self.step.ignore_errors, runs=list(self.runs))
 
-    def _execute(self, phase: Phase, script: str, attempt: int = 1) -> ScriptRun:
+    def execute(self, phase: str, script: str, attempt: int = 1) -> ScriptRun:
         where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
                  "step": self.step.name, "phase": phase, "attempt": attempt}
         self.recorder.event("script-start", **where, script=script)
@@ -352,9 +387,8 @@ class _StepRunner:
                                 stdout=partial["stdout"].getvalue().decode(errors="replace"),
                                 stderr=partial["stderr"].getvalue().decode(errors="replace"),
                                 duration=time.monotonic() - started, timed_out=False, error=error)
-            lost = self._result("failed", f"{phase}: {exc}")
-            raise _TargetLost(lost, exc) from None
-        run = ScriptRun(phase, attempt, script, result.exit_code, result.stdout, result.stderr,
+            raise self.lost(f"{phase}: {exc}", exc) from None
+        run = ScriptRun(cast(Phase, phase), attempt, script, result.exit_code, result.stdout, result.stderr,
                         time.monotonic() - started, result.timed_out)
         self.runs.append(run)
         self.recorder.event("script-end", **where, rc=run.rc, stdout=run.stdout, stderr=run.stderr,
@@ -374,7 +408,9 @@ class _StepRunner:
 
         return sink
 
-    def run(self, *, check_mode: bool, would_change_before: bool) -> StepResult:
+    def run(self, *, would_change_before: bool) -> StepResult:
+        self.would_change_before = would_change_before
+        check_mode = self.check_mode
         if self.planned.skip_reason is not None:
             return self._result("skipped", self.planned.skip_reason)
         rendered = self.planned.rendered
@@ -386,95 +422,51 @@ class _StepRunner:
                 rendered = compiled.render(self.planned.compiled, scope)
             except TemplateError as exc:
                 return self._result("failed", str(exc))
-        if rendered.transfer is not None:
-            return self._transfer(rendered.transfer, check_mode, would_change_before)
+        action = self.step.action
         if rendered.check is not None:
-            checked = self._execute("check", rendered.check)
+            checked = self.execute("check", rendered.check)
             if checked.rc == 0 and not checked.timed_out:
                 return self._result("ok", _last_line(checked.stdout) or "check passed", checked)
-            if rendered.apply is None and rendered.wheels is None:
+            if rendered.apply is None and action is None:
                 if check_mode and would_change_before:
                     return self._result("would-change", "not met before the changes above: "
                                         + _why(checked), checked)
                 return self._result("failed", "assertion failed: " + _why(checked), checked)
             if check_mode:
                 return self._result("would-change", "check: " + _why(checked), checked)
-        elif check_mode and rendered.wheels is not None:
-            return self._wheels_check(rendered)
-        elif check_mode:
+        if action is not None:  # model.Step's action is its StepType; render sees only the template side
+            return self._typed(cast(StepType, action[0]), rendered.action)
+        if check_mode:
             return self._result("would-change", "no check: apply always runs")
-        if self.guard is not None:  # the first change on this target: snapshot it first
-            refusal = self.guard.before_change()
-            if refusal is not None:
-                return self._result("failed", refusal, self.runs[-1] if self.runs else None)
-        if rendered.wheels is not None:
-            return self._wheels(rendered)
+        refusal = self.before_change()  # the first change on this target: snapshot it first
+        if refusal is not None:
+            return self._result("failed", refusal, self.last_run)
         return self._apply(rendered)
 
-    def _guest(self) -> Guest:
-        if self.guest is None:
-            raise TransferError(f"step {self.step.name!r}: no guest driver to move files with")
-        return self.guest()
+    def _typed(self, kind: StepType, rendered: Any) -> StepResult:
+        """A typed step's own part (steps/), once its check, if it has one, did not pass."""
+        end: StepEnd = kind.run(self, rendered)
+        assert end.run is None or isinstance(end.run, ScriptRun)
+        self.extra = dict(end.registered)
+        result = self._result(end.status, end.reason, end.run)
+        if end.stdout is not None:
+            result.stdout = end.stdout
+        return result
 
-    def _before_change(self) -> str | None:
+    def guest(self) -> Guest:
+        if self.context.guest_for is None:
+            raise TransferError(f"step {self.step.name!r}: no guest driver to move files with")
+        return self.context.guest_for(self.plan.target)
+
+    def before_change(self) -> str | None:
         return self.guard.before_change() if self.guard is not None else None
 
-    def _transfer(self, spec: RenderedTransfer, check_mode: bool, would_change_before: bool) -> StepResult:
-        """A copy/fetch step (playbook/transfers.py), recorded as a `transfer` event."""
-        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
-                 "step": self.step.name}
-        started = time.monotonic()
-        try:
-            outcome = run_transfer(spec, self.transport, self._guest, check_mode=check_mode,
-                                   before_change=self._before_change)
-        except TransferError as exc:
-            self.recorder.event("transfer", **where, op=spec.kind, src=spec.src, dest=spec.dest,
-                                status="failed", error=str(exc), duration=time.monotonic() - started)
-            return self._result("failed", str(exc))
-        except TransportError as exc:
-            self.recorder.event("transfer", **where, op=spec.kind, src=spec.src, dest=spec.dest,
-                                status="unreachable", error=str(exc), duration=time.monotonic() - started)
-            raise _TargetLost(self._result("failed", f"{spec.kind}: {exc}"), exc) from None
-        self.recorder.event("transfer", **where, **outcome.detail, status=outcome.status,
-                            reason=outcome.reason, duration=time.monotonic() - started)
-        self.extra = dict(outcome.detail)
-        if outcome.status == "failed" and check_mode and would_change_before:
-            # e.g. fetching what an earlier step would create: like an assertion, it may well pass then
-            return self._result("would-change", "not possible before the changes above: " + outcome.reason)
-        return self._result(outcome.status, outcome.reason)
+    def event(self, kind: str, /, **fields: Any) -> None:
+        self.recorder.event(kind, target=self.plan.target.name, playbook=self.play.compiled.playbook.name,
+                            step=self.step.name, **fields)
 
-    def _wheels_check(self, rendered: RenderedStep) -> StepResult:
-        """Check mode of a wheels step without a check: each item's verify (read-only), nothing else (not
-        describe: resolving a source tree's metadata writes into it)."""
-        assert rendered.wheels is not None
-        missing = [label(item.item) for item in rendered.wheels
-                   if (run := self._execute("verify", item.verify)).rc != 0 or run.timed_out]
-        if not missing:
-            return self._result("ok", "every item verifies")
-        return self._result("would-change",
-                            "would install from the wheel cache or build: " + ", ".join(missing))
-
-    def _wheels(self, rendered: RenderedStep) -> StepResult:
-        """A wheels step (playbook/wheels.py): per item, from the cache or built once per key."""
-        assert rendered.wheels is not None
-        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
-                 "step": self.step.name}
-
-        def event(kind: str, /, **fields: Any) -> None:
-            self.recorder.event(kind, **where, **fields)
-
-        try:
-            outcome = run_wheels(rendered.wheels, execute=self._execute,
-                                 transport=self.transport, guest=self._guest, options=self.wheels,
-                                 target=self.plan.target, event=event)
-        except TransferError as exc:
-            return self._result("failed", str(exc), self.runs[-1] if self.runs else None)
-        last = self.runs[-1] if self.runs else None
-        if outcome.status == "failed":
-            return self._result("failed", outcome.reason, last)
-        result = self._result("changed" if outcome.status == "changed" else "ok", outcome.reason, last)
-        result.stdout = "\n".join(outcome.lines) + "\n"
-        return result
+    def lost(self, reason: str, error: TransportError) -> Exception:
+        return _TargetLost(self._result("failed", reason), error)
 
     def _apply(self, rendered: RenderedStep) -> StepResult:
         assert rendered.apply is not None
@@ -484,7 +476,7 @@ class _StepRunner:
         done = False
         try:
             for attempt in range(1, attempts + 1):
-                applied = self._execute("apply", rendered.apply, attempt)
+                applied = self.execute("apply", rendered.apply, attempt)
                 if self.step.until is not None:
                     done = compiled.evaluate(self.planned.compiled, "until", self._scope(applied))
                 else:
@@ -505,7 +497,7 @@ class _StepRunner:
         except TemplateError as exc:
             return self._result("failed", str(exc), applied)
         if rendered.verify is not None:
-            verified = self._execute("verify", rendered.verify)
+            verified = self.execute("verify", rendered.verify)
             if verified.rc != 0 or verified.timed_out:
                 return self._result("failed", "verify failed: " + _why(verified), verified)
         if not changed:
@@ -528,27 +520,32 @@ def _target_status(steps: Sequence[StepResult]) -> TargetStatus:
     return "ok" if any(step.ignored for step in steps) else "skipped"
 
 
-def run_target(
-    plan: TargetPlan, transport: Transport, *, check: bool, recorder: Recorder | None = None,
-    on_step: Callable[[Target, StepResult], None] | None = None,
-    sleep: Callable[[float], None] = time.sleep, on_output: StepOutputHandler | None = None,
-    guard: SnapshotGuard | None = None, guest: Callable[[], Guest] | None = None,
-    wheels: WheelOptions | None = None,
-) -> TargetRun:
-    """Run a planned target's steps in order. Never raises for a target's own failures. With a guard,
-    the target is snapshotted before its first change and, if its policy says so, rolled back when the
-    target fails (not when it is unreachable: the node connection is most likely gone too). guest gives
-    the target's guest driver (copy/fetch/wheels steps move files with it); wheels: the wheel cache."""
-    recorder = recorder or NullRecorder()
+@dataclass(frozen=True)
+class _TargetState:
+    """One target's run: its plan, its transport, the run's context, and its own snapshot guard."""
+
+    plan: TargetPlan
+    transport: Transport
+    context: RunContext
+    guard: SnapshotGuard | None
+
+
+def run_target(plan: TargetPlan, transport: Transport, context: RunContext | None = None) -> TargetRun:
+    """Run a planned target's steps in order. Never raises for a target's own failures. With a guard
+    (context.guard_for), the target is snapshotted before its first change and, if its policy says so,
+    rolled back when the target fails (not when it is unreachable: the node connection is most likely
+    gone too)."""
+    context = context or RunContext()
+    recorder = context.recorder
+    guard = context.guard_for(plan.target) if context.guard_for is not None else None
     started = time.monotonic()
     results: list[StepResult] = []
     status: TargetStatus | None = None
     reason = ""
     try:
-        reason = _run_plays(plan, transport, check, recorder, on_step, sleep, results, on_output, guard,
-                            guest, wheels)
+        reason = _run_plays(_TargetState(plan, transport, context, guard), results)
     except _TargetLost as lost:
-        _record_step(recorder, plan.target, lost.result, on_step)
+        _record_step(context, plan.target, lost.result)
         results.append(lost.result)
         status, reason = "unreachable", f"step {lost.result.name!r}: {lost.error}"
         error: FleetfixError | None = lost.error
@@ -574,22 +571,15 @@ def _after_snapshot(guard: SnapshotGuard, status: TargetStatus) -> SnapshotOutco
     return outcome
 
 
-def _run_plays(
-    plan: TargetPlan, transport: Transport, check: bool, recorder: Recorder,
-    on_step: Callable[[Target, StepResult], None] | None, sleep: Callable[[float], None],
-    results: list[StepResult], on_output: StepOutputHandler | None = None,
-    guard: SnapshotGuard | None = None, guest: Callable[[], Guest] | None = None,
-    wheels: WheelOptions | None = None,
-) -> str:
+def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
     """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
     would_change = False
-    for play in plan.plays:
+    for play in target.plan.plays:
         registered: dict[str, Any] = {}
         for planned in play.steps:
-            runner = _StepRunner(plan, play, planned, transport, recorder, registered, sleep, on_output,
-                                 guard, guest, wheels)
-            result = runner.run(check_mode=check, would_change_before=would_change)
-            _record_step(recorder, plan.target, result, on_step)
+            runner = _StepRunner(target, play, planned, registered)
+            result = runner.run(would_change_before=would_change)
+            _record_step(target.context, target.plan.target, result)
             results.append(result)
             would_change = would_change or result.status == "would-change"
             if planned.compiled.step.register_as:
@@ -599,13 +589,12 @@ def _run_plays(
     return ""
 
 
-def _record_step(recorder: Recorder, target: Target, result: StepResult,
-                 on_step: Callable[[Target, StepResult], None] | None) -> None:
-    recorder.event("step", target=target.name, playbook=result.playbook, step=result.name,
-                   status=result.status, reason=result.reason, rc=result.rc, duration=result.duration,
-                   ignored=result.ignored)
-    if on_step is not None:
-        on_step(target, result)
+def _record_step(context: RunContext, target: Target, result: StepResult) -> None:
+    context.recorder.event("step", target=target.name, playbook=result.playbook, step=result.name,
+                           status=result.status, reason=result.reason, rc=result.rc,
+                           duration=result.duration, ignored=result.ignored)
+    if context.on_step is not None:
+        context.on_step(target, result)
 
 
 def _record_target_end(recorder: Recorder, run: TargetRun) -> None:
@@ -616,33 +605,56 @@ def _record_target_end(recorder: Recorder, run: TargetRun) -> None:
 
 # --- the fleet -------------------------------------------------------------------------------------
 
-class OutcomeLike(Protocol, Generic[R_co]):
-    """What fleetfix.fleet.Outcome provides (status is "ok" | "failed" | "unreachable")."""
-
-    @property
-    def target(self) -> Target: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def value(self) -> R_co | None: ...
-    @property
-    def error(self) -> FleetfixError | None: ...
-    @property
-    def duration(self) -> float: ...
-
-
 class FleetMap(Protocol):
     """Fleet.map: run fn on every target concurrently, one Outcome per target, in target order."""
 
     def __call__(
         self, targets: Sequence[Target], fn: Callable[[Target, Transport], R], /,
-    ) -> Sequence[OutcomeLike[R]]: ...
+    ) -> Sequence[Outcome[R]]: ...
 
 
 FactsFor = Callable[[Target, Transport], Mapping[str, Any]]
 
 
-def _lost_target(outcome: OutcomeLike[Any], what: str) -> TargetRun:
+@dataclass(frozen=True)
+class FleetAccess:
+    """How the runner reaches the targets: the fleet's map, the facts of a target, and its guest driver
+    (Fleet.guest; needed for snapshots, copy/fetch/wheels steps and a dedicated builder's clones)."""
+
+    map: FleetMap
+    facts_for: FactsFor
+    guest_for: GuestFor | None = None
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What the caller chooses for one run.
+
+    check_mode: the dry run (only `when` and `check` run; nothing is snapshotted or cloned).
+    serial: targets per batch; max_fail_pct: no new batch once more than this percentage of all targets
+    failed or were unreachable. snapshots: snapshot each target before its first change (also when any
+    playbook of the chain says `snapshot: true`), never in check mode. wheels: the wheel cache."""
+
+    vars: Mapping[str, Any] = field(default_factory=dict)
+    check_mode: bool = False
+    serial: int | None = None
+    max_fail_pct: float | None = None
+    snapshots: SnapshotPolicy | None = None
+    wheels: WheelOptions | None = None
+
+
+@dataclass(frozen=True)
+class RunHooks:
+    """Who watches the run: the record, each step as it ends, each script's output live (not fact
+    gathering's), and the redactor whose values are masked in all of it (more are added as found)."""
+
+    recorder: Recorder | None = None
+    on_step: StepHandler | None = None
+    on_output: StepOutputHandler | None = None
+    redactor: Redactor | None = None
+
+
+def _lost_target(outcome: Outcome[Any], what: str) -> TargetRun:
     error = outcome.error
     unreachable = outcome.status == "unreachable" or isinstance(error, TransportError)
     reason = f"{what}: {error}" if error is not None else f"{what}: {outcome.status}"
@@ -650,74 +662,65 @@ def _lost_target(outcome: OutcomeLike[Any], what: str) -> TargetRun:
                      outcome.duration, reason, error=error)
 
 
-def run_playbook(
-    playbook: Playbook,
-    targets: Sequence[Target],
-    *,
-    fleet_map: FleetMap,
-    facts_for: FactsFor,
-    vars: Mapping[str, Any],
-    check: bool,
-    recorder: Recorder | None,
-    serial: int | None = None,
-    max_fail_pct: float | None = None,
-    on_step: Callable[[Target, StepResult], None] | None = None,
-    on_output: StepOutputHandler | None = None,
-    snapshots: SnapshotPolicy | None = None,
-    guest_for: GuestFor | None = None,
-    redactor: Redactor | None = None,
-    wheels: WheelOptions | None = None,
-) -> PlaybookRun:
-    """Plan every target, then run them (in batches of `serial`); stop starting new batches once more
-    than `max_fail_pct` percent of all targets have failed or were unreachable. on_output sees every
-    script's output live (not fact gathering's).
-
-    snapshots: snapshot each target before its first change (also when any playbook of the chain says
-    `snapshot: true`), never in check mode; `guest_for(target)` gives the target's guest driver, which
-    snapshots and rolls back on its node (Fleet.guest)."""
-    recorder = recorder or NullRecorder()
-    started = time.monotonic()
-    chain = [compile_playbook(book) for book in playbook.chain()]
-    policy = snapshots or SnapshotPolicy()
+def _snapshot_policy(playbook: Playbook, options: RunOptions, fleet: FleetAccess) -> SnapshotPolicy:
+    policy = options.snapshots or SnapshotPolicy()
     if any(book.snapshot for book in playbook.chain()) and not policy.take:
         policy = replace(policy, take=True)
-    if check or not policy.active:
+    if options.check_mode or not policy.active:
         policy = SnapshotPolicy()  # check mode changes nothing, so there is nothing to snapshot
-    if policy.active and guest_for is None:
+    if policy.active and fleet.guest_for is None:
         raise ValueError("snapshots need guest_for (each target's guest driver)")
+    return policy
+
+
+def run_playbook(playbook: Playbook, targets: Sequence[Target], fleet: FleetAccess, options: RunOptions,
+                 hooks: RunHooks | None = None) -> PlaybookRun:
+    """Plan every target, then run them (in batches of `options.serial`), as RunOptions says. guest drivers
+    (fleet.guest_for) snapshot and roll back on their node."""
+    hooks = hooks or RunHooks()
+    recorder = hooks.recorder or NullRecorder()
+    started = time.monotonic()
+    chain = [compile_playbook(book) for book in playbook.chain()]
+    policy = _snapshot_policy(playbook, options, fleet)
     # Secret-named vars are masked in everything that leaves this function: the record, on_step, and the
     # returned run. Unmasked values stay inside, where later steps' templates may need them.
-    redact = redactor or Redactor()
+    redact = hooks.redactor or Redactor()
 
     def add_secrets(values: Sequence[str]) -> None:
         recorder.add_secrets(values)
         redact.add(values)
 
-    add_secrets(secret_values(vars))
+    add_secrets(secret_values(options.vars))
     for target in targets:
         add_secrets(secret_values(target.vars))
-    if wheels is not None:  # what a wheel's manifest records (its build command) is masked the same way
-        wheels = replace(wheels, redact=redact.text,
-                         sources=wheels.sources or Sources(max_bytes=DEFAULT_MAX_BYTES))
-    if on_step is not None:
-        show_step = on_step
+    on_step: StepHandler | None = None
+    if hooks.on_step is not None:
+        show_step = hooks.on_step
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
-    if wheels is not None and not check and guest_for is not None and any(t.wheel_builder for t in targets):
+    context = RunContext(
+        check_mode=options.check_mode, recorder=recorder, on_step=on_step, on_output=hooks.on_output,
+        guest_for=fleet.guest_for, guard_for=_guard_factory(policy, fleet.guest_for, recorder, playbook.name),
+        # what a wheel's manifest records (its build command) is masked the same way
+        wheels=replace(options.wheels, redact=redact.text,
+                       sources=options.wheels.sources or Sources(max_bytes=DEFAULT_MAX_BYTES))
+        if options.wheels is not None else WheelOptions())
+    if options.wheels is not None and not options.check_mode and fleet.guest_for is not None \
+            and any(t.wheel_builder for t in targets):
         # Check mode clones nothing: its wheels steps only verify.
-        context = _CloneContext(chain, vars, facts_for, guest_for, recorder, on_step)
-        wheels = replace(wheels, clones=CloneBuilds(
-            node_transport=lambda spec: context.guest_for(Target(spec.node.name, spec.node)).transport(),
-            run_in=context.runner(wheels), event=recorder.event))
+        clone = _CloneContext(chain, options.vars, fleet.facts_for, replace(context, on_output=None,
+                                                                            guard_for=None))
+        context = replace(context, wheels=replace(context.wheels, clones=clone.builds()))
     recorder.event("run-start", playbook=playbook.name, playbooks=[c.playbook.name for c in chain],
-                   path=playbook.path, check=check, vars=mask_vars(vars),
-                   targets=[target.name for target in targets], serial=serial, max_fail_pct=max_fail_pct,
+                   path=playbook.path, check=options.check_mode, vars=mask_vars(options.vars),
+                   targets=[target.name for target in targets], serial=options.serial,
+                   max_fail_pct=options.max_fail_pct,
                    snapshot={"take": policy.take, "rollback_on_failure": policy.rollback_on_failure,
                              "keep": policy.keep, "allow_no_snapshot": policy.allow_no_snapshot})
 
     def plan(target: Target, transport: Transport) -> TargetPlan | TemplateError:
-        facts = dict(facts_for(target, transport))
+        facts = dict(fleet.facts_for(target, transport))
         try:
-            planned = plan_target(chain, target, facts, vars)
+            planned = plan_target(chain, target, facts, options.vars)
         except TemplateError as exc:
             recorder.event("target-start", target=target.name, facts=facts, vars=None)
             return exc
@@ -730,7 +733,7 @@ def run_playbook(
     finished: dict[str, TargetRun] = {}
     plans: dict[str, TargetPlan] = {}
     template_errors: list[TemplateError] = []
-    for outcome in fleet_map(targets, plan):
+    for outcome in fleet.map(targets, plan):
         name = outcome.target.name
         if outcome.status == "ok" and isinstance(outcome.value, TargetPlan):
             plans[name] = outcome.value
@@ -750,19 +753,15 @@ def run_playbook(
             finished[name] = TargetRun(name, "skipped", [], 0.0, "not run: " + aborted)
             _record_target_end(recorder, finished[name])
     else:
+        batches = _Batches([target for target in targets if target.name in plans], len(targets), options)
         try:
-            aborted = _run_batches(
-                [target for target in targets if target.name in plans], len(targets), plans, finished,
-                fleet_map=fleet_map, check=check, recorder=recorder, serial=serial,
-                max_fail_pct=max_fail_pct, on_step=on_step, on_output=on_output,
-                guard_for=_guard_factory(policy, guest_for, recorder, playbook.name), guest_for=guest_for,
-                wheels=wheels)
+            aborted = batches.run(plans, finished, fleet.map, context)
         finally:
-            if wheels is not None and wheels.sources is not None:
-                wheels.sources.close()  # the run's copies of source archives
+            if context.wheels.sources is not None:
+                context.wheels.sources.close()  # the run's copies of source archives
 
     run = PlaybookRun(
-        playbook=playbook.name, check=check,
+        playbook=playbook.name, check=options.check_mode,
         targets=[_redacted_target(finished[target.name], redact) for target in targets
                  if target.name in finished],
         duration=time.monotonic() - started, run_id=recorder.run_id, aborted=aborted,
@@ -793,31 +792,33 @@ class _Tapped:
 
 @dataclass(frozen=True)
 class _CloneContext:
-    """What a dedicated builder's clone runs the playbook with (playbook/clonebuild.py): the run's own."""
+    """What a dedicated builder's clone runs the playbook with (playbook/clonebuild.py): the run's own
+    chain, vars and facts, and its context without live output or snapshots."""
 
     chain: Sequence[CompiledPlaybook]
     cli_vars: Mapping[str, Any]
     facts_for: FactsFor
-    guest_for: GuestFor
-    recorder: Recorder
-    on_step: Callable[[Target, StepResult], None] | None
+    context: RunContext
 
-    def runner(self, wheels: WheelOptions) -> RunIn:
+    def builds(self) -> CloneBuilds:
+        guest_for = self.context.guest_for
+        assert guest_for is not None
+        return CloneBuilds(
+            node_transport=lambda spec: guest_for(Target(spec.node.name, spec.node)).transport(),
+            run_in=self.run_in, event=self.context.recorder.event)
+
+    def run_in(self, target: Target, builder: str, tap: Callable[[Mapping[str, Any]], None]) -> CloneRun:
         """The clone is probed and planned like any target and all its steps run (shown as they end, like
         the targets'); its wheels are kept as the builder's, never a target's; it never asks for a clone."""
-
-        def run_in(target: Target, builder: str, tap: Callable[[Mapping[str, Any]], None]) -> CloneRun:
-            transport = self.guest_for(target).transport()
-            facts = dict(self.facts_for(target, transport))
-            plan = plan_target(self.chain, target, facts, self.cli_vars)
-            tapped = _Tapped(self.recorder, tap)
-            tapped.event("target-start", target=target.name, facts=facts, vars=mask_vars(plan.plays[-1].vars))
-            run = run_target(plan, transport, check=False, recorder=tapped, on_step=self.on_step,
-                             guest=lambda: self.guest_for(target),
-                             wheels=replace(wheels, clones=None, builder=builder))
-            return CloneRun(run.status, run.reason)
-
-        return run_in
+        assert self.context.guest_for is not None
+        transport = self.context.guest_for(target).transport()
+        facts = dict(self.facts_for(target, transport))
+        plan = plan_target(self.chain, target, facts, self.cli_vars)
+        tapped = _Tapped(self.context.recorder, tap)
+        tapped.event("target-start", target=target.name, facts=facts, vars=mask_vars(plan.plays[-1].vars))
+        wheels = replace(self.context.wheels, clones=None, builder=builder)
+        run = run_target(plan, transport, replace(self.context, recorder=tapped, wheels=wheels))
+        return CloneRun(run.status, run.reason)
 
 
 def _redacted_step(result: StepResult, redact: Redactor) -> StepResult:
@@ -837,54 +838,52 @@ def _redacted_target(run: TargetRun, redact: Redactor) -> TargetRun:
     return replace(run, reason=redact.text(run.reason), steps=[_redacted_step(s, redact) for s in run.steps])
 
 
-GuardFor = Callable[[Target], SnapshotGuard | None]
-
-
 def _guard_factory(policy: SnapshotPolicy, guest_for: GuestFor | None, recorder: Recorder,
-                   playbook: str) -> GuardFor:
+                   playbook: str) -> GuardFor | None:
+    if not policy.active or guest_for is None:
+        return None
+
     def guard_for(target: Target) -> SnapshotGuard | None:
-        if not policy.active or guest_for is None:
-            return None
         description = f"fleetfix apply {playbook}" + (f" (run {recorder.run_id})" if recorder.run_id else "")
         return SnapshotGuard(target, policy, guest_for, event=recorder.event, description=description)
 
     return guard_for
 
 
-def _run_batches(
-    runnable: Sequence[Target], total: int, plans: Mapping[str, TargetPlan],
-    finished: dict[str, TargetRun], *, fleet_map: FleetMap, check: bool, recorder: Recorder,
-    serial: int | None, max_fail_pct: float | None,
-    on_step: Callable[[Target, StepResult], None] | None,
-    on_output: StepOutputHandler | None = None,
-    guard_for: GuardFor | None = None,
-    guest_for: GuestFor | None = None,
-    wheels: WheelOptions | None = None,
-) -> str | None:
-    size = serial if serial and serial > 0 else max(len(runnable), 1)
-    batches = [runnable[start:start + size] for start in range(0, len(runnable), size)]
+@dataclass(frozen=True)
+class _Batches:
+    """The targets that were planned, in `serial` batches; the run stops starting batches once more than
+    max_fail_pct percent of all `total` targets have failed or were unreachable."""
 
-    def run_one(target: Target, transport: Transport) -> TargetRun:
-        guest = (lambda: guest_for(target)) if guest_for is not None else None
-        return run_target(plans[target.name], transport, check=check, recorder=recorder, on_step=on_step,
-                          on_output=on_output, guard=guard_for(target) if guard_for else None,
-                          guest=guest, wheels=wheels)
+    runnable: Sequence[Target]
+    total: int
+    options: RunOptions
 
-    for number, batch in enumerate(batches):
-        for outcome in fleet_map(batch, run_one):
-            if outcome.status == "ok" and isinstance(outcome.value, TargetRun):
-                finished[outcome.target.name] = outcome.value
-            else:
-                finished[outcome.target.name] = _lost_target(outcome, "running steps")
-                _record_target_end(recorder, finished[outcome.target.name])
-        bad = sum(run.status in ("failed", "unreachable") for run in finished.values())
-        if max_fail_pct is not None and total and bad * 100.0 / total > max_fail_pct:
-            rest = [target for later in batches[number + 1:] for target in later]
-            if not rest:
-                return None
-            why = f"{bad} of {total} targets failed, over --max-fail {max_fail_pct:g}%"
-            for target in rest:
-                finished[target.name] = TargetRun(target.name, "skipped", [], 0.0, "not run: " + why)
-                _record_target_end(recorder, finished[target.name])
-            return why
-    return None
+    def run(self, plans: Mapping[str, TargetPlan], finished: dict[str, TargetRun], fleet_map: FleetMap,
+            context: RunContext) -> str | None:
+        """Fill finished with every target's run; returns why the run stopped early, if it did."""
+        serial, max_fail_pct, total = self.options.serial, self.options.max_fail_pct, self.total
+        size = serial if serial and serial > 0 else max(len(self.runnable), 1)
+        batches = [self.runnable[start:start + size] for start in range(0, len(self.runnable), size)]
+
+        def run_one(target: Target, transport: Transport) -> TargetRun:
+            return run_target(plans[target.name], transport, context)
+
+        for number, batch in enumerate(batches):
+            for outcome in fleet_map(batch, run_one):
+                if outcome.status == "ok" and isinstance(outcome.value, TargetRun):
+                    finished[outcome.target.name] = outcome.value
+                else:
+                    finished[outcome.target.name] = _lost_target(outcome, "running steps")
+                    _record_target_end(context.recorder, finished[outcome.target.name])
+            bad = sum(run.status in ("failed", "unreachable") for run in finished.values())
+            if max_fail_pct is not None and total and bad * 100.0 / total > max_fail_pct:
+                rest = [target for later in batches[number + 1:] for target in later]
+                if not rest:
+                    return None
+                why = f"{bad} of {total} targets failed, over --max-fail {max_fail_pct:g}%"
+                for target in rest:
+                    finished[target.name] = TargetRun(target.name, "skipped", [], 0.0, "not run: " + why)
+                    _record_target_end(context.recorder, finished[target.name])
+                return why
+        return None

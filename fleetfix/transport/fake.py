@@ -25,7 +25,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, TypedDict, Unpack
 
 from fleetfix.errors import TransferError
 from fleetfix.transport.base import (
@@ -76,6 +76,15 @@ class _Rule:
         return text == self.pattern if self.exact else self.pattern in text
 
 
+class ScriptedOutput(TypedDict, total=False):
+    """What FakeTransport.on scripts when it is given no response."""
+
+    rc: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+
+
 class FakeTransport:
     def __init__(self, label: str = "fake") -> None:
         self.label = label
@@ -91,16 +100,15 @@ class FakeTransport:
         pattern: str | re.Pattern[str],
         response: CommandResult | Responder | BaseException | None = None,
         *,
-        rc: int = 0,
-        stdout: str = "",
-        stderr: str = "",
-        timed_out: bool = False,
         exact: bool = False,
         times: int | None = None,
+        **output: Unpack[ScriptedOutput],
     ) -> FakeTransport:
-        """Script a response for calls whose text matches pattern (substring; exact=True; or a regex)."""
+        """Script a response for calls whose text matches pattern (substring; exact=True; or a regex): the
+        response given, else a CommandResult of output (rc 0 and no output unless it says otherwise)."""
         if response is None:
-            response = CommandResult(rc, stdout, stderr, 0.0, timed_out)
+            response = CommandResult(output.get("rc", 0), output.get("stdout", ""), output.get("stderr", ""),
+                                     0.0, output.get("timed_out", False))
         self._rules.append(_Rule(pattern, exact, response, times))
         return self
 

@@ -11,7 +11,7 @@ import shlex
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -119,11 +119,18 @@ class Context:
 Rule = Callable[[Context], Iterator[Finding]]
 
 
-def finding(code: str, severity: Severity, summary: str, evidence: dict[str, Any], *,
-            playbook: str | None = None, vars: dict[str, Any] | None = None, hint: str) -> Finding:
+class FixPlaybook(TypedDict, total=False):
+    """The playbook part of a Fix, as rules pass it on (`**toolkit_fix(...)`): none, or playbook and vars."""
+
+    playbook: str | None
+    vars: dict[str, Any] | None
+
+
+def finding(code: str, severity: Severity, summary: str, evidence: dict[str, Any], *, hint: str,
+            **fix: Unpack[FixPlaybook]) -> Finding:
     """A Finding; the registry checks that the rule emitting it registered the code."""
     return Finding(code=code, severity=severity, summary=summary, evidence=evidence,
-                   fix=Fix(playbook=playbook, vars=vars or {}, hint=hint))
+                   fix=Fix(playbook=fix.get("playbook"), vars=fix.get("vars") or {}, hint=hint))
 
 
 def major_minor(version: str | None) -> tuple[int, int] | None:

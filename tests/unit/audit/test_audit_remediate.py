@@ -10,7 +10,16 @@ from pathlib import Path
 import pytest
 from audit_testkit import FakeWorld, make_target
 
-from fleetfix.audit import DEFAULT_POLICY, AuditRun, AuditStore, load_audit, remediate_audit, run_audit
+from fleetfix.audit import (
+    DEFAULT_POLICY,
+    Auditor,
+    AuditRun,
+    AuditStore,
+    Remedy,
+    load_audit,
+    remediate_audit,
+    run_audit,
+)
 from fleetfix.audit.remediate import NOT_RUN, NOTHING_TO_DO
 from fleetfix.audit.report import json_report, remediation_report, text_report
 from fleetfix.errors import TemplateError
@@ -71,9 +80,9 @@ def audit_then_remediate(store: AuditStore, world: FakeWorld, targets: list[Targ
                          *, check: bool = False) -> tuple[AuditRun, AuditRun]:
     with world.fleet() as fleet:
         first = run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store)
-        after = remediate_audit(first, targets, playbook="playbooks/cuda-toolkit.yaml", apply=apply,
-                                check=check, fleet=fleet, policy=DEFAULT_POLICY, store=store,
-                                vars={"cuda_repo_base": "http://127.0.0.1:1/repo", "api_token": "s3cret"})
+        remedy = Remedy("playbooks/cuda-toolkit.yaml", apply, check,
+                        {"cuda_repo_base": "http://127.0.0.1:1/repo", "api_token": "s3cret"})
+        after = remediate_audit(first, targets, remedy, Auditor(fleet, DEFAULT_POLICY, store))
     return first, after
 
 

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from fleetfix.audit import schedule
-from fleetfix.audit.schedule import ScheduleSpec, systemd_quote
+from fleetfix.audit.schedule import ScheduleRequest, ScheduleSpec, systemd_quote
 from fleetfix.cli import main
 from fleetfix.cli.audit import audit_group
 from fleetfix.cli.schedule import INPUT_DIRS, INPUT_FILES, OUTPUT_DIRS, OUTPUT_FILES, pin_audit_args
@@ -25,8 +25,9 @@ NASTY = ["-i", "/etc/fleet fix/inv.yaml", "--limit", "tag:gpu,!pve1/1*", "--html
 
 
 def spec(**kwargs: object) -> ScheduleSpec:
-    return ScheduleSpec.build(name="fleetfix-audit", audit_args=NASTY, db="/var/lib/fleetfix/a.db",
+    request = ScheduleRequest(name="fleetfix-audit", audit_args=NASTY, db="/var/lib/fleetfix/a.db",
                               **kwargs)  # type: ignore[arg-type]
+    return ScheduleSpec.build(request)
 
 
 def test_timer_defaults_daily_at_3_persistent_randomized() -> None:
@@ -45,7 +46,7 @@ def test_timer_defaults_daily_at_3_persistent_randomized() -> None:
 def test_bad_values_are_refused(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {"name": "fleetfix-audit"}
     with pytest.raises(ConfigError, match=message):
-        ScheduleSpec.build(**{**base, **kwargs})  # type: ignore[arg-type]
+        ScheduleSpec.build(ScheduleRequest(**{**base, **kwargs}))  # type: ignore[arg-type]
 
 
 def unquote_systemd(line: str) -> list[str]:

@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 
 from fleetfix.cli.live import LiveOutput
-from fleetfix.playbook.runner import run_playbook
+from fleetfix.playbook.runner import FleetAccess, RunHooks, RunOptions, run_playbook
 from fleetfix.target import Target
 from fleetfix.transport.base import run_script
 from fleetfix.transport.fake import FakeTransport
@@ -139,8 +139,11 @@ def test_runner_passes_chunks_with_target_and_step(tmp_path: Path) -> None:
             seen.append((target.name, step, stream, chunk))
 
     facts: dict[str, Any] = problem_facts()
-    run = run_playbook(book, targets, fleet_map=StandInFleet(transports).map, facts_for=lambda t, tr: facts,
-                       vars={}, check=False, recorder=None, on_output=on_output)
+    run = run_playbook(
+        book, targets,
+        FleetAccess(StandInFleet(transports).map, lambda t, tr: facts),
+        RunOptions(),
+        RunHooks(on_output=on_output))
     assert run.status == "changed"
     for name in ("a", "b"):
         assert [entry[1:] for entry in seen if entry[0] == name] == [

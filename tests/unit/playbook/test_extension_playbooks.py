@@ -14,7 +14,7 @@ import pytest
 
 from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.render import compile_playbook
-from fleetfix.playbook.runner import TargetPlan, TargetRun, plan_target, run_target
+from fleetfix.playbook.runner import RunContext, TargetPlan, TargetRun, plan_target, run_target
 from fleetfix.transport.base import Transport
 from tests.lab.aptrepo import CudaRelease
 from tests.unit.playbook.conftest import REPO, SubprocessTransport, make_target
@@ -119,7 +119,7 @@ def cu130(facts: dict[str, Any], python: Path | str = "/usr/bin/python3") -> dic
 
 def run_build(facts: dict[str, Any], tmp_path: Path, *, check: bool = False, **cli_vars: Any) -> TargetRun:
     transport: Transport = SubprocessTransport(tmp_path)
-    return run_target(plan(BUILD, facts, **cli_vars), transport, check=check)
+    return run_target(plan(BUILD, facts, **cli_vars), transport, RunContext(check_mode=check))
 
 
 def plan_lines(facts: dict[str, Any], **cli_vars: Any) -> list[list[str]]:
@@ -367,8 +367,9 @@ def test_the_cache_key_of_an_extension(facts: dict[str, Any], fake_python: Path,
     home = fake_toolkit(tmp_path / "cuda-13.0", "13.0")
     cache = WheelCache(tmp_path / "cache")
     planned = plan(BUILD, cu130(facts, fake_python), cuda_home=str(home))
-    run = run_target(planned, SubprocessTransport(tmp_path), check=False, wheels=WheelOptions(cache),
-                     guest=lambda: NodeGuest(planned.target, LocalTransport()))
+    context = RunContext(wheels=WheelOptions(cache),
+                         guest_for=lambda target: NodeGuest(target, LocalTransport()))
+    run = run_target(planned, SubprocessTransport(tmp_path), context)
     assert run.status == "changed", run.steps[-1].reason
     (entry,) = cache.entries()
     assert entry.key == {

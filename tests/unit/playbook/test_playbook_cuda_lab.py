@@ -15,7 +15,7 @@ import pytest
 
 from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.records import RunRecorder, load_run
-from fleetfix.playbook.runner import run_playbook
+from fleetfix.playbook.runner import FleetAccess, RunHooks, RunOptions, run_playbook
 from fleetfix.transport.base import CommandResult, OutputSink
 from tests.lab.aptrepo import AptRepo, BuiltRepo, build_repo, serve_repo
 from tests.lab.container import Container, NodeState, tree_digest
@@ -78,9 +78,11 @@ def start(node: NodeState, ctid: int) -> Container:
 
 def apply(targets: list[Any], transports: dict[str, ContainerTransport], *, check: bool,
           recorder: RunRecorder | None = None, **cli_vars: Any) -> Any:
-    return run_playbook(load_playbook(PLAYBOOK), targets, fleet_map=StandInFleet(transports).map,
-                        facts_for=lambda t, tr: problem_facts(), vars=cli_vars, check=check,
-                        recorder=recorder)
+    return run_playbook(
+        load_playbook(PLAYBOOK), targets,
+        FleetAccess(StandInFleet(transports).map, lambda t, tr: problem_facts()),
+        RunOptions(vars=cli_vars, check_mode=check),
+        RunHooks(recorder=recorder))
 
 
 def test_fixes_a_container_idempotently_and_check_mode_changes_nothing(

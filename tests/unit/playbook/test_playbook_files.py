@@ -10,7 +10,7 @@ import pytest
 
 from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.render import compile_playbook
-from fleetfix.playbook.runner import plan_target, run_target
+from fleetfix.playbook.runner import RunContext, plan_target, run_target
 from fleetfix.transport.fake import FakeTransport
 from tests.unit.playbook.conftest import REPO, make_target
 
@@ -118,7 +118,7 @@ def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None
     fake.on("Candidate:", rc=1, stdout="cuda-nvcc-12-8 is not in the apt index\n")
     fake.on("missing=", rc=1, stdout="not installed: cuda-nvcc-12-8\n")
     fake.on("--version", rc=1, stderr="/usr/local/cuda-12.8/bin/nvcc --version failed\n")
-    run = run_target(cuda_plan(facts), fake, check=True)
+    run = run_target(cuda_plan(facts), fake, RunContext(check_mode=True))
     assert [s.status for s in run.steps] == ["ok", "ok", "ok"] + ["would-change"] * 6
     assert run.status == "would-change"
     assert not any("apt-get" in text and "install -y" in text for text in fake.scripts)

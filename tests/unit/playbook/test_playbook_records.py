@@ -12,7 +12,7 @@ import pytest
 from fleetfix.errors import ConfigError
 from fleetfix.paths import default_state_dir
 from fleetfix.playbook.records import RunRecorder, list_runs, load_run
-from fleetfix.playbook.runner import run_playbook
+from fleetfix.playbook.runner import FleetAccess, RunHooks, RunOptions, run_playbook
 from fleetfix.secrets import MASK
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import FakeCall, FakeTransport
@@ -52,9 +52,11 @@ def test_events_are_on_disk_while_the_run_goes_on(tmp_path: Path, facts: dict[st
     fake.on("SECOND", second)
     book = playbook_from(BOOK, tmp_path)
     target = make_target("pve1/101", api_token="s3cr3t-value")
-    run = run_playbook(book, [target], fleet_map=StandInFleet({"pve1/101": fake}).map,
-                       facts_for=lambda t, tr: facts, vars={"db_password": "hunter22", "x": 1},
-                       check=False, recorder=recorder)
+    run = run_playbook(
+        book, [target],
+        FleetAccess(StandInFleet({"pve1/101": fake}).map, lambda t, tr: facts),
+        RunOptions(vars={"db_password": "hunter22", "x": 1}),
+        RunHooks(recorder=recorder))
     recorder.close()
     kinds = [event["kind"] for event in seen_mid_run]
     assert kinds == ["run-start", "target-start", "script-start", "script-end", "script-start",
@@ -76,9 +78,11 @@ def test_list_and_load(tmp_path: Path, facts: dict[str, Any]) -> None:
     fake = FakeTransport().on("FIRST-CHECK", rc=1).on("FIRST-APPLY", stdout="one\n")
     fake.on("SECOND", rc=2, stderr="E: boom\n")
     with RunRecorder(tmp_path) as recorder:
-        run_playbook(playbook_from(BOOK, tmp_path), [make_target("ct", api_token="tok")],
-                     fleet_map=StandInFleet({"ct": fake}).map, facts_for=lambda t, tr: facts, vars={},
-                     check=False, recorder=recorder)
+        run_playbook(
+            playbook_from(BOOK, tmp_path), [make_target("ct", api_token="tok")],
+            FleetAccess(StandInFleet({"ct": fake}).map, lambda t, tr: facts),
+            RunOptions(),
+            RunHooks(recorder=recorder))
     [summary] = list_runs(tmp_path)
     assert (summary.playbook, summary.status, summary.targets) == ("recorded", "failed", ["ct"])
     assert summary.target_statuses == {"ct": "failed"}

@@ -11,7 +11,16 @@ import pytest
 from fleetfix.errors import CommandTimeoutError, ConnectionLostError, TemplateError
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.render import compile_playbook
-from fleetfix.playbook.runner import PlaybookRun, TargetRun, plan_target, run_playbook, run_target
+from fleetfix.playbook.runner import (
+    FleetAccess,
+    PlaybookRun,
+    RunContext,
+    RunOptions,
+    TargetRun,
+    plan_target,
+    run_playbook,
+    run_target,
+)
 from fleetfix.transport.base import CommandResult
 from fleetfix.transport.fake import FakeCall, FakeTransport
 from tests.unit.playbook.conftest import StandInFleet, SubprocessTransport, make_target, playbook_from
@@ -35,7 +44,7 @@ steps:
 def run_one(book: Playbook, transport: Any, facts: dict[str, Any], *, check: bool = False,
             cli_vars: dict[str, Any] | None = None, **kwargs: Any) -> TargetRun:
     plan = plan_target([compile_playbook(book)], make_target("ct"), facts, cli_vars or {})
-    return run_target(plan, transport, check=check, **kwargs)
+    return run_target(plan, transport, RunContext(check_mode=check, **kwargs))
 
 
 def test_statuses_and_reasons(tmp_path: Path, facts: dict[str, Any]) -> None:
@@ -219,8 +228,7 @@ def test_a_failing_target_does_not_stop_the_others(tmp_path: Path, facts: dict[s
     bad = FakeTransport("b").on("CHECK", rc=1).on("APPLY", rc=100, stderr="E: 404  Not Found\n")
     lost = FakeTransport("c").on("CHECK", ConnectionLostError("gone"))
     targets, fleet = fleet_of("a", "b", "c", a=good, b=bad, c=lost)
-    run = run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda t, tr: facts, vars={},
-                       check=False, recorder=None)
+    run = run_playbook(book, targets, FleetAccess(fleet.map, lambda t, tr: facts), RunOptions())
     assert [(t.target, t.status) for t in run.targets] == [("a", "changed"), ("b", "failed"),
                                                            ("c", "unreachable")]
     assert run.targets[1].steps[0].stderr == "E: 404  Not Found\n"
@@ -232,8 +240,7 @@ def test_undefined_var_stops_everything_before_any_command(tmp_path: Path, facts
                          "  - name: typo\n    apply: echo {{ cuda_repo_bse }}\n", tmp_path)
     fakes = {"a": FakeTransport("a"), "b": FakeTransport("b")}
     targets, fleet = fleet_of("a", "b", **fakes)
-    run = run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda t, tr: facts, vars={},
-                       check=False, recorder=None)
+    run = run_playbook(book, targets, FleetAccess(fleet.map, lambda t, tr: facts), RunOptions())
     assert all(fake.calls == [] for fake in fakes.values())
     assert isinstance(run.error, TemplateError) and run.exit_code == 2
     assert "steps.1.apply: step 'typo': 'cuda_repo_bse' is undefined" in str(run.error)
@@ -250,8 +257,7 @@ def test_facts_failure_is_per_target(tmp_path: Path, facts: dict[str, Any]) -> N
             raise ConnectionLostError("connection refused")
         return facts
 
-    run = run_playbook(book, targets, fleet_map=fleet.map, facts_for=facts_for, vars={}, check=False,
-                       recorder=None)
+    run = run_playbook(book, targets, FleetAccess(fleet.map, facts_for), RunOptions())
     assert [(t.target, t.status) for t in run.targets] == [("a", "changed"), ("b", "unreachable")]
     assert run.targets[1].reason == "gathering facts: connection refused"
     assert run.exit_code == 4  # unreachable only
@@ -262,8 +268,10 @@ def test_serial_batches_and_max_fail(tmp_path: Path, facts: dict[str, Any]) -> N
     names = ["t1", "t2", "t3", "t4", "t5"]
     fakes = {name: FakeTransport(name).on("APPLY", rc=1 if name == "t2" else 0) for name in names}
     targets, fleet = fleet_of(*names, **fakes)
-    run = run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda t, tr: facts, vars={},
-                       check=False, recorder=None, serial=2, max_fail_pct=10)
+    run = run_playbook(
+        book, targets,
+        FleetAccess(fleet.map, lambda t, tr: facts),
+        RunOptions(serial=2, max_fail_pct=10))
     assert fleet.batches == [names, ["t1", "t2"]]  # plan all, then the first batch, then stop
     assert [t.status for t in run.targets] == ["changed", "failed", "skipped", "skipped", "skipped"]
     assert run.aborted == "1 of 5 targets failed, over --max-fail 10%"
@@ -274,8 +282,10 @@ def test_serial_without_failures_runs_every_batch(tmp_path: Path, facts: dict[st
     book = playbook_from("name: f\nsteps:\n  - name: s\n    apply: APPLY\n", tmp_path)
     names = ["t1", "t2", "t3"]
     targets, fleet = fleet_of(*names, **{n: FakeTransport(n).on("APPLY") for n in names})
-    run = run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda t, tr: facts, vars={},
-                       check=False, recorder=None, serial=2, max_fail_pct=0)
+    run = run_playbook(
+        book, targets,
+        FleetAccess(fleet.map, lambda t, tr: facts),
+        RunOptions(serial=2, max_fail_pct=0))
     assert fleet.batches[1:] == [["t1", "t2"], ["t3"]]
     assert run.status == "changed" and run.exit_code == 0 and run.aborted is None
 
@@ -283,8 +293,10 @@ def test_serial_without_failures_runs_every_batch(tmp_path: Path, facts: dict[st
 def test_recap(tmp_path: Path, facts: dict[str, Any]) -> None:
     fake = FakeTransport().on("FINE-CHECK").on("MARKER-CHECK", rc=1)
     targets, fleet = fleet_of("pve1/101", **{"pve1/101": fake})
-    run: PlaybookRun = run_playbook(playbook_from(BOOK, tmp_path), targets, fleet_map=fleet.map,
-                                    facts_for=lambda t, tr: facts, vars={}, check=True, recorder=None)
+    run: PlaybookRun = run_playbook(
+        playbook_from(BOOK, tmp_path), targets,
+        FleetAccess(fleet.map, lambda t, tr: facts),
+        RunOptions(check_mode=True))
     assert run.recap() == [("pve1/101", "would-change", {"ok": 1, "changed": 0, "would-change": 1,
                                                          "failed": 0, "skipped": 1, "ignored": 0})]
     assert re.match(r"pve1/101\s+would-change\s+ok=1\s+changed=0\s+would-change=1", run.recap_lines()[0])
@@ -298,8 +310,7 @@ def test_requires_chain_runs_in_order(tmp_path: Path, facts: dict[str, Any]) -> 
                          "    apply: echo TOP {{ who }}\n", tmp_path, "top.yaml")
     fake = FakeTransport().on("BASE").on("TOP")
     targets, fleet = fleet_of("a", a=fake)
-    run = run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda t, tr: facts, vars={},
-                       check=False, recorder=None)
+    run = run_playbook(book, targets, FleetAccess(fleet.map, lambda t, tr: facts), RunOptions())
     assert fake.scripts == ["echo BASE base", "echo TOP top"]
     assert [(s.playbook, s.name) for s in run.targets[0].steps] == [("base", "s"), ("top", "s")]
 

@@ -15,7 +15,7 @@ from fleetfix.guests import open_guest
 from fleetfix.guests.base import Guest, parse_snapshot_tree
 from fleetfix.guests.lxc import LxcGuest
 from fleetfix.playbook.records import RunRecorder, load_run
-from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.runner import FleetAccess, PlaybookRun, RunHooks, RunOptions, run_playbook
 from fleetfix.playbook.snapshots import (
     PVE_SNAPSHOT_NAME,
     SnapshotPolicy,
@@ -147,9 +147,11 @@ def run(book_text: str, tmp_path: Path, target: Target, ct: FakeTransport, node:
         policy: SnapshotPolicy | None, *, check: bool = False) -> tuple[PlaybookRun, list[dict[str, Any]]]:
     with RunRecorder(tmp_path / "state") as recorder:
         result = run_playbook(
-            playbook_from(book_text, tmp_path), [target], fleet_map=StandInFleet({target.name: ct}).map,
-            facts_for=lambda _t, _tr: {}, vars={}, check=check, recorder=recorder, snapshots=policy,
-            guest_for=lambda target: open_guest(target, node))
+            playbook_from(book_text, tmp_path), [target],
+            FleetAccess(StandInFleet({target.name: ct}).map, lambda _t, _tr: {},
+                        lambda target: open_guest(target, node)),
+            RunOptions(check_mode=check, snapshots=policy),
+            RunHooks(recorder=recorder))
     events = load_run(tmp_path / "state", result.run_id or "").events
     return result, events
 
@@ -300,9 +302,9 @@ def test_unreachable_node_refuses(tmp_path: Path) -> None:
         target = make_target("ct101")
         result = run_playbook(
             playbook_from(BOOK, tmp_path), [target],
-            fleet_map=StandInFleet({target.name: container(log)}).map,
-            facts_for=lambda _t, _tr: {}, vars={}, check=False, recorder=recorder,
-            snapshots=SnapshotPolicy(take=True, allow_no_snapshot=True), guest_for=guest_for)
+            FleetAccess(StandInFleet({target.name: container(log)}).map, lambda _t, _tr: {}, guest_for),
+            RunOptions(snapshots=SnapshotPolicy(take=True, allow_no_snapshot=True)),
+            RunHooks(recorder=recorder))
     assert result.targets[0].status == "failed" and "ONE-APPLY" not in log
     assert "connection refused" in result.targets[0].steps[1].reason
 

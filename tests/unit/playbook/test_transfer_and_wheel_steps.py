@@ -15,7 +15,7 @@ import pytest
 
 from fleetfix.errors import PlaybookError
 from fleetfix.guests.node import NodeGuest
-from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.runner import FleetAccess, PlaybookRun, RunHooks, RunOptions, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
@@ -46,10 +46,12 @@ def run(book_text: str, tmp_path: Path, targets: list[Target], *, check: bool = 
         cli_vars: dict[str, Any] | None = None) -> PlaybookRun:
     book = playbook_from(book_text, tmp_path)
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in targets})
-    return run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda target, transport: {},
-                        vars=cli_vars or {}, check=check, recorder=recorder,
-                        guest_for=lambda target: NodeGuest(target, LocalTransport(target.name)),
-                        wheels=WheelOptions(cache, rebuild=rebuild))
+    return run_playbook(
+        book, targets,
+        FleetAccess(fleet.map, lambda target, transport: {},
+                    lambda target: NodeGuest(target, LocalTransport(target.name))),
+        RunOptions(vars=cli_vars or {}, check_mode=check, wheels=WheelOptions(cache, rebuild=rebuild)),
+        RunHooks(recorder=recorder))
 
 
 def statuses(result: PlaybookRun) -> dict[str, list[str]]:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fleetfix.guests.node import NodeGuest
-from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.runner import FleetAccess, PlaybookRun, RunHooks, RunOptions, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
@@ -105,10 +105,12 @@ def run(tmp_path: Path, hosts: list[Target], cache: WheelCache, *, fetcher: Fetc
         rebuild: bool = False, recorder: ListRecorder | None = None) -> PlaybookRun:
     book = playbook_from(BOOK, tmp_path)
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in hosts})
-    return run_playbook(book, hosts, fleet_map=fleet.map, facts_for=lambda target, transport: {}, vars={},
-                        check=False, recorder=recorder,
-                        guest_for=lambda target: NodeGuest(target, LocalTransport(target.name)),
-                        wheels=WheelOptions(cache, rebuild=rebuild, upstream=fetcher))
+    return run_playbook(
+        book, hosts,
+        FleetAccess(fleet.map, lambda target, transport: {},
+                    lambda target: NodeGuest(target, LocalTransport(target.name))),
+        RunOptions(wheels=WheelOptions(cache, rebuild=rebuild, upstream=fetcher)),
+        RunHooks(recorder=recorder))
 
 
 def builds(tmp_path: Path) -> list[str]:

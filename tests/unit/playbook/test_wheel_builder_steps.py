@@ -13,7 +13,7 @@ from typing import Any
 
 from fleetfix.guests.node import NodeGuest
 from fleetfix.playbook.clonebuild import difference
-from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.runner import FleetAccess, PlaybookRun, RunHooks, RunOptions, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import NodeRef, Target, WheelBuilder
 from fleetfix.transport.base import CommandResult, OutputSink
@@ -59,11 +59,12 @@ def run(tmp_path: Path, targets: list[Target], cache: WheelCache, pct: PctNode, 
         return dict(clone_facts or {}) if target.name.startswith("fleetfix-build-") else {}
 
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in targets})
-    return run_playbook(playbook_from(book, tmp_path), targets, fleet_map=fleet.map, facts_for=facts_for,
-                        vars={}, check=check, recorder=recorder, guest_for=guest_for,
-                        wheels=WheelOptions(cache),
-                        on_step=lambda target, step: (shown if shown is not None else []).append(
-                            f"{target.name}: {step.name}"))
+    return run_playbook(
+        playbook_from(book, tmp_path), targets,
+        FleetAccess(fleet.map, facts_for, guest_for),
+        RunOptions(check_mode=check, wheels=WheelOptions(cache)),
+        RunHooks(recorder=recorder, on_step=lambda target, step: (shown if shown is not None else []).append(
+            f"{target.name}: {step.name}")))
 
 
 def consumers(tmp_path: Path, *names: str) -> list[Target]:

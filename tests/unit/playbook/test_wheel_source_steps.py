@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from fleetfix.guests.node import NodeGuest
-from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.runner import FleetAccess, PlaybookRun, RunHooks, RunOptions, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
@@ -86,10 +86,10 @@ def run(tmp_path: Path, targets: list[Target], cache: WheelCache | None,
         recorder: ListRecorder | None = None, *, rebuild: bool = False) -> PlaybookRun:
     book = playbook_from(BOOK, tmp_path)
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in targets})
-    return run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda target, transport: {},
-                        vars={}, check=False, recorder=recorder,
-                        guest_for=lambda target: NodeGuest(target, LocalTransport(target.name)),
-                        wheels=WheelOptions(cache, rebuild=rebuild))
+    return run_playbook(book, targets,
+                        FleetAccess(fleet.map, lambda target, transport: {},
+                                    lambda target: NodeGuest(target, LocalTransport(target.name))),
+                        RunOptions(wheels=WheelOptions(cache, rebuild=rebuild)), RunHooks(recorder=recorder))
 
 
 def built_from(target: Target) -> str:

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 from fleetfix.guests.node import NodeGuest
-from fleetfix.playbook.runner import PlaybookRun, run_playbook
+from fleetfix.playbook.runner import FleetAccess, PlaybookRun, RunHooks, RunOptions, run_playbook
 from fleetfix.playbook.wheels import WheelOptions
 from fleetfix.secrets import MASK, Redactor
 from fleetfix.target import Target
@@ -76,10 +76,12 @@ def run(tmp_path: Path, targets: list[Target], cache: WheelCache,
         recorder: ListRecorder | None = None, redactor: Redactor | None = None) -> PlaybookRun:
     book = playbook_from(BOOK, tmp_path)
     fleet = StandInFleet({target.name: LocalTransport(target.name) for target in targets})
-    return run_playbook(book, targets, fleet_map=fleet.map, facts_for=lambda target, transport: {},
-                        vars={}, check=False, recorder=recorder, redactor=redactor,
-                        guest_for=lambda target: NodeGuest(target, LocalTransport(target.name)),
-                        wheels=WheelOptions(cache))
+    return run_playbook(
+        book, targets,
+        FleetAccess(fleet.map, lambda target, transport: {},
+                    lambda target: NodeGuest(target, LocalTransport(target.name))),
+        RunOptions(wheels=WheelOptions(cache)),
+        RunHooks(recorder=recorder, redactor=redactor))
 
 
 def built_on(target: Target) -> str:

@@ -126,13 +126,13 @@ def test_schedule_install_writes_only_references_into_0600_units(tmp_path: Path)
 
 
 def test_the_audit_database_never_holds_a_remediation_secret(tmp_path: Path) -> None:
-    from fleetfix.audit.remediate import apply_to_failing
+    from fleetfix.audit.remediate import Remedy, apply_to_failing
 
     def never(targets: object) -> None:
         raise AssertionError("nothing fails: nothing is applied")
 
-    remediation, _ = apply_to_failing([], [], source_run=1, playbook="p.yaml", apply=never,  # type: ignore[arg-type]
-                                      check=False, vars=mask_vars({"endpoint": SECRET}, [SECRET]))
+    remedy = Remedy("p.yaml", never, vars=mask_vars({"endpoint": SECRET}, [SECRET]))  # type: ignore[arg-type]
+    remediation, _ = apply_to_failing([], [], remedy, 1)
     assert SECRET not in json.dumps(remediation.to_json())
 
 
