@@ -130,6 +130,22 @@ WheelPhase = Literal["describe", "build", "install", "verify"]
 Execute = Callable[[WheelPhase, str], ScriptResult]  # (phase, script) → the recorded run
 
 
+class WheelsCall(Protocol):
+    """One wheels step on one target, as the step runs it (the runner's StepCall is one): its scripts run
+    through execute (recorded), files move through guest(), and each item's outcome is an event."""
+
+    @property
+    def target(self) -> Target: ...
+    @property
+    def transport(self) -> Transport: ...  # into the target
+    @property
+    def wheels(self) -> WheelOptions: ...  # the controller's wheel cache and its options
+
+    def execute(self, phase: WheelPhase, script: str) -> ScriptResult: ...
+    def guest(self) -> Guest: ...
+    def event(self, kind: str, /, **fields: Any) -> None: ...
+
+
 @dataclass
 class WheelsOutcome:
     status: str  # "ok" | "changed" | "failed"
@@ -164,19 +180,16 @@ def with_env(script: str, **values: str) -> str:
     return "".join(f"export {name}={shlex.quote(value)}\n" for name, value in values.items()) + script
 
 
-def run_wheels(
-    items: list[RenderedItem], *, execute: Execute, transport: Transport, guest: Callable[[], Guest],
-    options: WheelOptions, target: Target, event: Callable[..., None],
-) -> WheelsOutcome:
+def run_wheels(items: list[RenderedItem], call: WheelsCall) -> WheelsOutcome:
     """Every item in order; the first failing item fails the step (later items are not tried)."""
     outcome = WheelsOutcome("ok")
     for item in items:
         name = label(item.item)
-        if _ok(execute("verify", item.verify)):
+        if _ok(call.execute("verify", item.verify)):
             outcome.lines.append(f"{name}: already installed")
             continue
         try:
-            outcome.lines.append(_one(item, name, execute, transport, guest, options, target, event))
+            outcome.lines.append(_one(item, call))
         except _ItemFailed as failure:
             outcome.lines.append(f"{name}: {failure}")
             outcome.status = "failed"
@@ -199,8 +212,9 @@ def _work_dir(transport: Transport) -> Iterator[str]:
             transport.execute(("rm", "-rf", "--", work), timeout=300)
 
 
-def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, guest: Callable[[], Guest],
-         options: WheelOptions, target: Target, event: Callable[..., None]) -> str:
+def _one(item: RenderedItem, call: WheelsCall) -> str:
+    execute, transport, options, target, event = (call.execute, call.transport, call.wheels, call.target,
+                                                  call.event)
     source = _source(item, options)
     key = _source_key(item, source) if source is not None else _described_key(item, execute)
     name = f"{key['name']} {key['version']}"
@@ -209,7 +223,7 @@ def _one(item: RenderedItem, name: str, execute: Execute, transport: Transport, 
     record: dict[str, Any] = {"item": name, "key": key, "missing": missing, "refused": []}
     if source is not None:
         record["sdist"] = {"location": source.shown, "sha256": source.sha256, "size": source.size}
-    item_run = _ItemRun(item, execute, transport, guest, event, record, options.redact, source=source)
+    item_run = _ItemRun(item, execute, transport, call.guest, event, record, options.redact, source=source)
     if not target.wheel_build:
         return _prebuilt_only(item_run, key, cache, options)
     with _work_dir(transport) as work:

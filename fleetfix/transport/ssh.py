@@ -108,8 +108,7 @@ class SSHConnection:
     """One authenticated SSH connection to a node, shared by all commands (and containers) on that node."""
 
     def __init__(
-        self, settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS,
-        label: str | None = None, kill_grace: float = KILL_GRACE_SECONDS,
+        self, settings: SSHSettings, *, max_channels: int = DEFAULT_MAX_CHANNELS, label: str | None = None,
         sock_factory: Callable[[SSHSettings], Any] | None = None, max_output: int = DEFAULT_MAX_OUTPUT,
         dialled: DialledSocket | None = None,
     ) -> None:
@@ -122,7 +121,6 @@ class SSHConnection:
         self.label = label or f"{settings.user}@{settings.address}:{settings.port}"
         self.endpoint = f"{settings.address}:{settings.port}"
         self.max_channels = max_channels
-        self.kill_grace = kill_grace
         self.sock_factory = sock_factory
         self.max_output = max_output  # per stream per command: see transport.base.CappedOutput
         self._channel_slots = threading.BoundedSemaphore(max_channels)
@@ -325,9 +323,8 @@ class SSHConnection:
         line = command_line(with_watchdog(argv, timeout))
         self.open()
         with self._channel_slots:
-            started = time.monotonic()
             try:
-                return self._run(line, stdin, timeout, started, argv[0], on_output, max_output)
+                return self._run(line, stdin, timeout, argv[0], on_output, max_output)
             except FleetfixError:
                 raise
             except (SSHException, EOFError, OSError) as error:
@@ -428,9 +425,10 @@ class SSHConnection:
         raise AssertionError("unreachable")
 
     def _run(
-        self, line: str, stdin: bytes | StdinFeed, timeout: float | None, started: float, program: str,
+        self, line: str, stdin: bytes | StdinFeed, timeout: float | None, program: str,
         on_output: OutputSink | None, max_output: int,
     ) -> CommandResult:
+        started = time.monotonic()
         transport = self._transport
         if transport is None or not transport.is_active():
             raise ConnectionLostError(f"{self.endpoint}: SSH connection is closed")
@@ -441,7 +439,7 @@ class SSHConnection:
             channel.exec_command(line)
             writer = _send_stdin(channel, stdin)
             deadline = None if timeout is None else started + timeout
-            out, err, finished = _collect(channel, wakeup, deadline, self.kill_grace, on_output,
+            out, err, finished = _collect(channel, wakeup, deadline, KILL_GRACE_SECONDS, on_output,
                                           max_output)
         finally:
             channel.close()

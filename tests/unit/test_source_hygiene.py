@@ -26,12 +26,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "fleetfix"
 
-# Files other branches were rewriting when these rules came in (issue consolidation step, helper branches):
-# left to them so two branches do not edit the same lines. The lead removes each entry once its branch is
-# merged and its comments follow the rules.
-NOT_YET: tuple[str, ...] = (
-    "fleetfix/playbook/",
-)
 
 ISSUE = re.compile(r"\bissues?[\s-]*#?\d+|(?<![\w/.-])#\d+\b", re.IGNORECASE)
 DURATION = re.compile(r"(?P<approx>~|\babout |\baround |\broughly |\bnearly )?"
@@ -39,10 +33,6 @@ DURATION = re.compile(r"(?P<approx>~|\babout |\baround |\broughly |\bnearly )?"
                       r"(?:ms|µs|us|ns|s|secs?|seconds?|min|minutes?)\b")
 MEASURED = re.compile(r"\bmeasured\b|\btook\b|\bcosts?\b|\bspent\b|\bspends\b|\bsaved\b|\bfaster\b|"
                       r"\bslower\b|\bof CPU\b|\bof wall\b|\binstead of\b|\bagainst\b|->|→", re.IGNORECASE)
-
-
-def not_yet(path: str) -> bool:
-    return any(path == entry or path.startswith(entry) for entry in NOT_YET)
 
 
 def python_texts(source: str) -> Iterator[tuple[int, str]]:
@@ -115,7 +105,7 @@ def test_the_rules_tell_a_diary_from_a_reason() -> None:
 
 def test_no_comment_names_an_issue_or_quotes_a_timing() -> None:
     found = [f"{name}:{line}: {problem}: {text.strip()}"
-             for name, path in sources() if not not_yet(name)
+             for name, path in sources()
              for line, text in texts(path) for problem in diary_lines(text)]
     assert found == [], "\n".join(["comments say why; history goes to docs/performance.md:", *found])
 
@@ -124,7 +114,7 @@ def test_shared_constants_and_helpers_are_defined_once() -> None:
     """TIMEOUT_EXIT_CODE (transport/base.py) and one_line (errors.py): one definition each."""
     definitions: dict[str, list[str]] = {"TIMEOUT_EXIT_CODE": [], "one_line": []}
     for name, path in sources():
-        if path.suffix != ".py" or not_yet(name):
+        if path.suffix != ".py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Assign):

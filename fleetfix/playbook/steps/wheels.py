@@ -103,8 +103,7 @@ class Wheels:
         if refusal is not None:
             return StepEnd("failed", refusal, call.last_run)
         try:
-            outcome = run_wheels(rendered, execute=call.execute, transport=call.transport, guest=call.guest,
-                                 options=call.wheels, target=call.target, event=call.event)
+            outcome = run_wheels(rendered, call)
         except TransferError as exc:
             return StepEnd("failed", str(exc), call.last_run)
         if outcome.status == "failed":
