@@ -66,6 +66,10 @@ GUEST_FORWARD_ADDRESS = "10.0.2.100"
 MARKER = "qemu.json"  # vm/ID/qemu.json: this VM is a real QEMU guest
 BOOT_TIMEOUT = 300.0  # generous: TCG on a busy machine is slow (measurements: docs/testbed.md)
 DISK_SIZE = "3G"
+# qemu-server names a disk's QEMU drive after its config key ("drive-scsi0"); QMP's snapshot commands
+# address the disk by that name.
+DRIVE_ID = "drive-scsi0"
+FSFREEZE_TIMEOUT = 60.0
 _SCHEMA = 1  # bump when what goes into the image changes
 
 # PID 1 on the VM's disk. The kernel command line carries the VM's hostname (one disk image serves all).
@@ -310,7 +314,8 @@ class QemuVM(VirtualMachine):
     def agent_running(self) -> bool:
         return qga_real.ping(str(self.agent_socket))
 
-    def qemu_argv(self) -> list[str]:
+    def qemu_argv(self, *, loadvm: str | None = None) -> list[str]:
+        """QEMU's command line; loadvm: start from that internal snapshot's RAM state (`-loadvm`)."""
         settings = self.settings
         image = Path(str(settings["image"]))
         forwards = [int(port) for port in settings.get("forwards", [])]
@@ -324,23 +329,25 @@ class QemuVM(VirtualMachine):
             "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
             "-append", f"console=ttyS0 panic=-1 quiet fleetfix.hostname={self.hostname}",
             "-serial", f"file:{self.console_log}",
-            "-drive", f"file={self.disk},if=virtio,format=qcow2,cache=unsafe",
+            "-drive", f"file={self.disk},if=virtio,format=qcow2,cache=unsafe,id={DRIVE_ID}",
             "-device", "virtio-serial-pci",
             "-chardev", f"socket,id=qga0,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
             "-netdev", netdev, "-device", "virtio-net-pci,netdev=net0",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.dir / "qemu.pid"), "-daemonize",
+            *(["-loadvm", loadvm] if loadvm is not None else []),
         ]
 
-    def start(self, timeout: float = BOOT_TIMEOUT) -> int:
+    def start(self, timeout: float = BOOT_TIMEOUT, *, loadvm: str | None = None) -> int:
         """Boot the VM and wait until its agent answers; returns QEMU's PID. (Real `qm start` returns once
-        QEMU runs; the bed waits for the agent so that a test never races the boot.)"""
+        QEMU runs; the bed waits for the agent so that a test never races the boot.) loadvm: resume the
+        RAM state of that snapshot (taken with vmstate) instead of booting."""
         if self.running:
             raise ContainerError(f"VM {self.vmid} already running")
         for stale in (self.agent_socket, self.qmp_socket, self.dir / "qemu.pid", self.console_log):
             stale.unlink(missing_ok=True)
-        _run(self.qemu_argv(), timeout=60)  # -daemonize: returns once QEMU is set up
+        _run(self.qemu_argv(loadvm=loadvm), timeout=120)  # -daemonize: returns once QEMU is set up
         pid = int((self.dir / "qemu.pid").read_text().strip())
         stat_text = Path(f"/proc/{pid}/stat").read_text()
         start_time = int(stat_text[stat_text.rindex(")") + 2:].split()[19])
@@ -447,10 +454,76 @@ class QemuVM(VirtualMachine):
         self.exec(["/bin/sh", "-c", script, "sh", path, format(mode, "o")], input=payload, check=True)
 
     def copy_upper_to(self, destination: Path) -> None:
-        raise QemuError(f"VM {self.vmid}: snapshots of a real test-bed VM are not implemented")
+        raise QemuError(f"VM {self.vmid}: a real VM's snapshots are qcow2 snapshots (snapshot_disk), "
+                        "not copies of an upper dir")
 
     def restore_upper_from(self, source: Path) -> None:
-        raise QemuError(f"VM {self.vmid}: snapshots of a real test-bed VM are not implemented")
+        raise QemuError(f"VM {self.vmid}: a real VM's snapshots are qcow2 snapshots (rollback_disk), "
+                        "not copies of an upper dir")
+
+    # -- snapshots: internal qcow2 snapshots, as qemu-server takes them on a `dir` storage -------------
+    # qemu-server (read at e6352be): PVE::QemuServer::qemu_volume_snapshot asks do_snapshots_type; for a
+    # qcow2 volume that is "internal" while the VM runs (QMP blockdev-snapshot-internal-sync on the drive
+    # "drive-<key>") and "storage" while it is stopped (pve-storage's Plugin: qemu-img snapshot -c). Before
+    # a disk-only snapshot of a running VM with the agent enabled it freezes the guest's file systems
+    # (QemuConfig.pm __snapshot_check_freeze_needed / __snapshot_freeze: guest-fsfreeze-freeze, thawed
+    # afterwards; a failed freeze is a warning). Rollback is always offline: vm_stop, then
+    # volume_snapshot_rollback (qemu-img snapshot -a). Deletion mirrors creation
+    # (blockdev-snapshot-delete-internal-sync while running, qemu-img snapshot -d while stopped).
+    #
+    # With RAM state (`--vmstate 1`) PVE's own QEMU saves the RAM into a separate state volume
+    # (savevm-start/savevm-end, PVE patches) and rollback starts the VM with `-loadstate FILE`. Stock QEMU
+    # has neither: here HMP `savevm NAME` writes the RAM state into the qcow2's internal snapshot (together
+    # with the disk's) and the rollback starts QEMU with `-loadvm NAME`. What the guest sees is the same:
+    # it resumes where the snapshot was taken, its RAM (tmpfs, processes) included.
+    def snapshot_disk(self, name: str, *, vmstate: bool = False) -> list[str]:
+        """Take snapshot `name` of the disk (and, running with vmstate, the RAM); PVE's warnings, if any."""
+        warnings: list[str] = []
+        if not self.running:
+            _run([QEMU_IMG, "snapshot", "-c", name, str(self.disk)])
+            return warnings
+        if vmstate:
+            said = self.qmp("human-monitor-command", {"command-line": f"savevm {name}"}, timeout=600)
+            if isinstance(said, str) and said.strip():  # HMP reports its errors as text
+                raise QemuError(f"VM {self.vmid}: savevm {name}: {said.strip()}")
+            return warnings
+        frozen = False
+        try:
+            answer = qga_real.command(str(self.agent_socket), "guest-fsfreeze-freeze",
+                                      timeout=FSFREEZE_TIMEOUT)
+            frozen = "return" in answer
+            if not frozen:
+                warnings.append(f"guest-fsfreeze-freeze: {answer.get('error')}")
+        except qga_real.AgentError as error:
+            warnings.append(f"guest-fsfreeze-freeze: {error}")
+        try:
+            self.qmp("blockdev-snapshot-internal-sync", {"device": DRIVE_ID, "name": name}, timeout=300)
+        finally:
+            if frozen:
+                try:
+                    qga_real.command(str(self.agent_socket), "guest-fsfreeze-thaw", timeout=FSFREEZE_TIMEOUT)
+                except qga_real.AgentError as error:
+                    warnings.append(f"guest-fsfreeze-thaw problems - {error}")
+        return warnings
+
+    def rollback_disk(self, name: str) -> None:
+        """The disk back to snapshot `name` (the VM must be stopped, as qemu-server stops it first)."""
+        if self.running:
+            raise QemuError(f"VM {self.vmid} is running")
+        _run([QEMU_IMG, "snapshot", "-a", name, str(self.disk)])
+
+    def delete_disk_snapshot(self, name: str) -> None:
+        if self.running:
+            self.qmp("blockdev-snapshot-delete-internal-sync", {"device": DRIVE_ID, "name": name},
+                     timeout=300)
+        else:
+            _run([QEMU_IMG, "snapshot", "-d", name, str(self.disk)])
+
+    def disk_snapshots(self) -> dict[str, int]:
+        """The qcow2's internal snapshots: name -> size of its RAM state in bytes (0: disk only). Read
+        with `qemu-img info -U`, which works while QEMU holds the image."""
+        info = json.loads(_run([QEMU_IMG, "info", "-U", "--output=json", str(self.disk)]))
+        return {str(entry["name"]): int(entry.get("vm-state-size", 0)) for entry in info.get("snapshots", [])}
 
     def destroy(self) -> None:
         self.stop()
