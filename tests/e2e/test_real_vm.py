@@ -1,7 +1,7 @@
 """A real QEMU VM (tests/lab/qemuvm.py): Debian's cloud kernel under TCG, Debian's qemu-guest-agent, and
 the node's `qm` talking to that agent as qemu-server does (guest-sync-delimited, 5 s per command, 1 s
-polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), and meets
-the agent's own limits as a user would.
+polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), meets
+the agent's own limits as a user would, and rolls a failed apply back to a qcow2 snapshot.
 
 One VM boots per module (what a boot and each test cost: docs/testbed.md "Real guests"); each test leaves
 it running, with its agent up.
@@ -189,6 +189,90 @@ def test_a_reboot_mid_command_is_a_clear_per_target_error_and_the_vm_comes_back(
     print(f"agent back after {real_vm.wait_for_agent(300):.0f} s more")
     status, answer, _ = qm(lab, "guest", "exec", str(VMID), "--", "cat", "/proc/uptime")
     assert status == 0 and float(answer["out-data"].split()[0]) < 300  # a fresh boot
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Snapshots: internal qcow2 snapshots, taken and rolled back as qemu-server does (qemuvm.py snapshot_disk)
+# ----------------------------------------------------------------------------------------------------------
+# Step 1 changes a file; step 2 changes more and then fails its verify: a half-applied VM.
+HALF_APPLIED = """\
+name: half-applied
+steps:
+  - name: write marker
+    check: test -f /etc/fleetfix-marker
+    apply: echo changed > /etc/fleetfix-marker
+  - name: break things
+    check: test -f /etc/fleetfix-second
+    apply: echo changed > /etc/fleetfix-second && rm /etc/debian_version
+    verify: echo "verify says no" >&2; exit 1
+"""
+
+
+def guest_sh(lab: Lab, script: str) -> str:
+    """A script's stdout, run by the VM's real agent through the node's `qm guest exec`."""
+    status, answer, stderr = qm(lab, "guest", "exec", str(VMID), "--", "sh", "-c", script)
+    assert status == 0 and answer["exited"] == 1, stderr
+    return str(answer.get("out-data", ""))
+
+
+def uptime(lab: Lab) -> float:
+    return float(guest_sh(lab, "cat /proc/uptime").split()[0])
+
+
+def test_a_failed_apply_rolls_the_real_vm_back_to_its_disk_snapshot(
+    lab: Lab, real_vm: QemuVM, tmp_path: Path,
+) -> None:
+    real_vm.write_file("/etc/lab-state", "before\n")
+    booted_before = time.time() - uptime(lab)
+    book = tmp_path / "half-applied.yaml"
+    book.write_text(HALF_APPLIED)
+    since = len(lab.node().qm_calls())
+    started = time.monotonic()
+    result = run_cli("apply", str(book), *vm_args(lab, VMID), "--state-dir", str(tmp_path / "state"),
+                     "--snapshot", "--rollback-on-failure", "--json", timeout=900)
+    print(f"apply with snapshot and rollback on the real VM: {time.monotonic() - started:.0f} s")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    [target] = result.json()["targets"]
+    name = target["snapshot"]["name"]
+    assert target["snapshot"]["rolled_back"] is True, target["snapshot"]
+    made = [argv for argv in lab.node().qm_calls()[since:] if argv[0] != "guest"]
+    assert [argv[0] for argv in made] == ["status", "snapshot", "rollback"]
+    assert made[-1][1:] == [str(VMID), name, "--start", "1"]
+    # An internal snapshot in the VM's own qcow2, disk only (no RAM state: fleetfix passes no --vmstate).
+    assert real_vm.disk_snapshots()[name] == 0
+
+    # Inside the guest, through the real agent: the change is gone, the state before it is there, and the
+    # VM was booted again (rollback stops it; --start 1 starts it).
+    assert real_vm.running
+    seen = guest_sh(lab, "cat /etc/lab-state; for f in /etc/fleetfix-marker /etc/fleetfix-second; do "
+                         "test -e $f && echo $f; done; cat /etc/debian_version")
+    assert seen.startswith("before\n12.") and seen.count("\n") == 2, seen
+    assert time.time() - uptime(lab) > booted_before + 1
+
+    status, _, stderr = qm(lab, "delsnapshot", str(VMID), name)  # while running: QMP's delete
+    assert status == 0, stderr
+    assert name not in real_vm.disk_snapshots()
+
+
+def test_qm_snapshot_with_vmstate_resumes_the_real_vm_where_it_was(lab: Lab, real_vm: QemuVM) -> None:
+    # --vmstate 1 keeps the RAM: a file on tmpfs (RAM only) comes back, the disk's later change goes, and
+    # the guest was not booted (its uptime went on).
+    guest_sh(lab, "echo in-ram > /dev/shm/fleetfix-ram")
+    before = uptime(lab)
+    status, _, stderr = qm(lab, "snapshot", str(VMID), "withram", "--vmstate", "1")
+    assert status == 0, stderr
+    assert real_vm.disk_snapshots()["withram"] > 0
+    guest_sh(lab, "rm /dev/shm/fleetfix-ram; echo later > /etc/fleetfix-later")
+
+    status, _, stderr = qm(lab, "rollback", str(VMID), "withram")  # no --start: the RAM state starts it
+    assert status == 0, stderr
+    assert real_vm.running
+    seen = guest_sh(lab, "cat /dev/shm/fleetfix-ram; test -e /etc/fleetfix-later || echo gone")
+    assert seen == "in-ram\ngone\n"
+    assert uptime(lab) >= before
+    status, _, stderr = qm(lab, "delsnapshot", str(VMID), "withram")
+    assert status == 0, stderr
+    assert "withram" not in real_vm.disk_snapshots()
 
 
 LARGE_OUTPUT_ENV = "FLEETFIX_REAL_VM_LARGE_OUTPUT"
