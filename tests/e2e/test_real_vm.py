@@ -1,7 +1,8 @@
 """A real QEMU VM (tests/lab/qemuvm.py): Debian's cloud kernel under TCG, Debian's qemu-guest-agent, and
 the node's `qm` talking to that agent as qemu-server does (guest-sync-delimited, 5 s per command, 1 s
 polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), meets
-the agent's own limits as a user would, and rolls a failed apply back to a qcow2 snapshot.
+the agent's own limits as a user would, and rolls a failed apply back to a qcow2 snapshot. Opt-in: the
+real build of the tiny extension inside a second VM (FLEETFIX_REAL_VM_BUILD=1).
 
 One VM boots per module (what a boot and each test cost: docs/testbed.md "Real guests"); each test leaves
 it running, with its agent up.
@@ -27,7 +28,8 @@ from tests.e2e.test_real_lxc import failed_steps
 from tests.lab import qemuvm
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
-from tests.lab.qemuvm import QemuVM
+from tests.lab.cli import TINY_EXTENSION_IN_CT, add_tiny_extension_source
+from tests.lab.qemuvm import QemuVM, create_qemu_vm
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
@@ -289,3 +291,54 @@ def test_output_above_16_mib_is_an_error_never_short_facts(lab: Lab, real_vm: Qe
     slow = "the QEMU guest agent did not answer guest-exec-status within qm's 5 s"
     assert cut in result.stdout + result.stderr or slow in result.stdout, result.stdout + result.stderr
     real_vm.wait_for_agent(120)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# build-extensions inside the real VM: opt-in (minutes of an emulated compiler; docs/testbed.md)
+# ----------------------------------------------------------------------------------------------------------
+BUILD_ENV = "FLEETFIX_REAL_VM_BUILD"
+BUILD_VMID = 391
+TINY_EXTENSION = f"{TINY_EXTENSION_IN_CT}=fleetfix_tiny_cuda+fleetfix_tiny"
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(os.environ.get(BUILD_ENV) != "1",
+                    reason=f"many minutes of an emulated compiler (docs/testbed.md); {BUILD_ENV}=1 runs it")
+def test_build_extensions_compiles_the_tiny_extension_inside_the_real_vm(lab: Lab, tmp_path: Path) -> None:
+    # The guest gets this machine's real torch 2.14.1+cu130, nvcc 13.0 and g++ 12 from a second, read-only
+    # virtio disk (qemuvm.ensure_tools_disk), laid over its /usr and the venv with overlayfs; everything
+    # else is the VM's own, and every command reaches it through the real agent.
+    problem = qemuvm.unavailable_reason() or qemuvm.tools_unavailable_reason()
+    if problem is not None:
+        pytest.skip(problem)
+    started = time.monotonic()
+    tools = qemuvm.ensure_tools_disk()
+    print(f"tools disk: {time.monotonic() - started:.0f} s")
+    machine = create_qemu_vm(lab.node().state, BUILD_VMID, name="build-vm", memory=4096, disks=(tools,))
+    try:
+        machine.start()
+        machine.exec(["/bin/sh", "-c", qemuvm.tools_mount_script()], check=True)
+        add_tiny_extension_source(machine)
+        targets = vm_args(lab, BUILD_VMID)
+
+        started = time.monotonic()
+        probed = run_cli("probe", *targets, "--json", timeout=1800)
+        print(f"probe: {time.monotonic() - started:.0f} s")
+        [report] = probed.json()["targets"]
+        torch = report["facts"]["torch"]
+        assert (torch["version"], torch["cuda"]) == ("2.14.1+cu130", "13.0"), torch
+        assert torch["interpreter"].startswith(f"{qemuvm.TOOLS_TORCH_VENV}/bin/python"), torch
+
+        started = time.monotonic()
+        built = run_cli("apply", "playbooks/build-extensions.yaml", *targets,
+                        "--var", f"extensions={TINY_EXTENSION}", "--var", "pip_args=--no-index",
+                        "--var", "cuda_arch_list=9.0",
+                        "--state-dir", str(tmp_path / "state"), "--json", timeout=3000)
+        print(f"build-extensions.yaml: {time.monotonic() - started:.0f} s")
+        assert built.exit_code == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        assert built.json()["targets"][0]["status"] == "changed"
+        check = "import torch, fleetfix_tiny_cuda, fleetfix_tiny; print(fleetfix_tiny_cuda.built_with_cuda())"
+        imported = machine.exec([torch["interpreter"], "-c", check], timeout=900, check=True)
+        assert imported.stdout.decode().split() == ["13000"]  # CUDART_VERSION: nvcc 13.0 built it
+    finally:
+        machine.destroy()

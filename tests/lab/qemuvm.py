@@ -323,13 +323,15 @@ class QemuVM(VirtualMachine):
         netdev = "user,id=net0,restrict=on" + "".join(
             f",guestfwd=tcp:{GUEST_FORWARD_ADDRESS}:{port}-cmd:/usr/bin/python3 -I -S {relay} {port}"
             for port in forwards)
+        extra = [argument for disk in settings.get("disks", [])
+                 for argument in ("-drive", f"file={disk},if=virtio,format=raw,readonly=on")]
         return [
             QEMU, "-name", f"vm{self.vmid}", "-accel", "tcg", "-cpu", "max", "-smp", "1",
             "-m", str(settings.get("memory", 1024)), "-nodefaults", "-no-user-config", "-display", "none",
             "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
             "-append", f"console=ttyS0 panic=-1 quiet fleetfix.hostname={self.hostname}",
             "-serial", f"file:{self.console_log}",
-            "-drive", f"file={self.disk},if=virtio,format=qcow2,cache=unsafe,id={DRIVE_ID}",
+            "-drive", f"file={self.disk},if=virtio,format=qcow2,cache=unsafe,id={DRIVE_ID}", *extra,
             "-device", "virtio-serial-pci",
             "-chardev", f"socket,id=qga0,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
@@ -533,10 +535,11 @@ class QemuVM(VirtualMachine):
 
 def create_qemu_vm(
     node: NodeState, vmid: int, *, name: str | None = None, forwards: tuple[int, ...] = (),
-    memory: int = 1024, image: VmImage | None = None,
+    memory: int = 1024, image: VmImage | None = None, disks: tuple[Path, ...] = (),
 ) -> QemuVM:
     """A stopped real VM: its config (agent enabled), a qcow2 disk over the shared image, and the ports of
-    this machine's loopback its guest may reach (each at GUEST_FORWARD_ADDRESS:PORT)."""
+    this machine's loopback its guest may reach (each at GUEST_FORWARD_ADDRESS:PORT). disks: raw images
+    attached read-only after its own (/dev/vdb, ...: ensure_tools_disk())."""
     owner = node.id_owner(vmid)
     if owner is not None:
         raise ContainerError(f"unable to create VM {vmid} - {owner} {vmid} already exists on node "
@@ -548,9 +551,93 @@ def create_qemu_vm(
     _run([QEMU_IMG, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image.disk), str(machine.disk)])
     name = name or f"vm{vmid}"
     (machine.dir / MARKER).write_text(json.dumps({"image": str(image.directory), "forwards": list(forwards),
-                                                  "memory": memory}))
+                                                  "memory": memory, "disks": [str(d) for d in disks]}))
     main = {"agent": "1", "boot": "order=scsi0", "cores": "1", "memory": str(memory), "name": name,
             "ostype": "l26", "scsi0": f"local:{vmid}/vm-{vmid}-disk-0.qcow2,size={DISK_SIZE}",
             "scsihw": "virtio-scsi-single"}
     machine.save_config(CtConfig(main, {}))
     return machine
+
+
+# --------------------------------------------------------------------------------------------------------
+# The tools disk: this machine's toolchain and real torch, for extension builds inside a VM
+# --------------------------------------------------------------------------------------------------------
+# The cloud kernel has no 9p, and virtiofs needs virtiofsd; a second virtio disk needs nothing: an ext4
+# image (mkfs.ext4 -d) of this machine's /usr (Debian 12, as the guest: gcc/g++ 12, python3.11's headers,
+# /usr/local/cuda-13.0's real nvcc), less /usr/share and /usr/lib/jvm, plus the real torch venv. The guest
+# lays it over its own /usr and /opt/fleetfix-torch-VERSION with overlayfs, the upper dirs on its own disk,
+# so pip can install into the venv and the disk image stays read-only and shared.
+TOOLS_TORCH_VENV = Path("/opt/fleetfix-torch-2.14.1")
+TOOLS_NVCC = Path("/usr/local/cuda-13.0/bin/nvcc")
+TOOLS_SIZE = "14G"
+_TOOLS_SCHEMA = 1
+_TOOLS_MOUNT = f"""set -e
+mkdir -p /mnt/fleetfix-tools /var/lib/fleetfix-tools/usr /var/lib/fleetfix-tools/usr.work \\
+    /var/lib/fleetfix-tools/venv /var/lib/fleetfix-tools/venv.work {TOOLS_TORCH_VENV}
+mount -o ro /dev/vdb /mnt/fleetfix-tools
+modprobe overlay
+mount -t overlay overlay -o lowerdir=/mnt/fleetfix-tools/usr:/usr,upperdir=/var/lib/fleetfix-tools/usr,\\
+workdir=/var/lib/fleetfix-tools/usr.work /usr
+mount -t overlay overlay -o lowerdir=/mnt/fleetfix-tools{TOOLS_TORCH_VENV},\\
+upperdir=/var/lib/fleetfix-tools/venv,workdir=/var/lib/fleetfix-tools/venv.work {TOOLS_TORCH_VENV}
+"""
+
+
+def tools_mount_script() -> str:
+    """The guest's script that lays the tools disk (/dev/vdb) over its /usr and the torch venv. It also
+    adds this machine's /etc/alternatives links that the guest lacks (c++ and cc point through them: what
+    update-alternatives does when the compilers are installed)."""
+    links = []
+    for link in sorted(Path("/etc/alternatives").iterdir()):
+        target = os.readlink(link) if link.is_symlink() else ""
+        safe = re.fullmatch(r"[A-Za-z0-9._+-]+", link.name)
+        if safe and re.fullmatch(r"/usr/s?bin/[A-Za-z0-9._+-]+", target):
+            name = f"/etc/alternatives/{link.name}"
+            links.append(f"[ -e {name} ] || ln -s {target} {name}")
+    return _TOOLS_MOUNT + "\n".join(links) + "\n"
+
+
+def tools_unavailable_reason() -> str | None:
+    """Why the tools disk cannot be built here, or None."""
+    for needed in (TOOLS_TORCH_VENV / "bin" / "python", TOOLS_NVCC):
+        if not needed.exists():
+            return f"{needed} is missing (the tools disk carries this machine's real torch and nvcc 13.0)"
+    return None
+
+
+def _tools_key() -> str:
+    parts: list[object] = [_TOOLS_SCHEMA, TOOLS_SIZE]
+    for marker in (TOOLS_TORCH_VENV / "pyvenv.cfg", TOOLS_NVCC.parent.parent / "version.json",
+                   Path("/usr/bin/x86_64-linux-gnu-g++-12")):
+        parts.append(marker.stat().st_size if marker.exists() else None)
+        parts.append(int(marker.stat().st_mtime) if marker.exists() else None)
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
+
+
+def ensure_tools_disk(directory: Path | None = None) -> Path:
+    """The tools disk image (built once per machine and key, ~5 min: ~9 GB written)."""
+    base = directory or cache_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    target = base / f"vm-tools-{_tools_key()}"
+    with open(base / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "tools.raw").is_file():
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=base))
+            try:
+                root = staging / "root"
+                (root / TOOLS_TORCH_VENV.parent.relative_to("/")).mkdir(parents=True)
+                # Hard links: mkfs.ext4 -d only reads them.
+                _run(["cp", "-al", "--", "/usr", str(root / "usr")], timeout=1800)
+                for dropped in ("share", "lib/jvm"):
+                    shutil.rmtree(root / "usr" / dropped, ignore_errors=True)
+                venv = root / TOOLS_TORCH_VENV.relative_to("/")
+                _run(["cp", "-al", "--", str(TOOLS_TORCH_VENV), str(venv)], timeout=1800)
+                image = staging / "tools.raw"
+                _run(["mkfs.ext4", "-q", "-F", "-L", "fleetfix-tools", "-d", str(root), str(image),
+                      TOOLS_SIZE], timeout=3600)
+                shutil.rmtree(root)
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return target / "tools.raw"
