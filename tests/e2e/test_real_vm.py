@@ -1,7 +1,8 @@
 """A real QEMU VM (tests/lab/qemuvm.py): Debian's cloud kernel under TCG, Debian's qemu-guest-agent, and
 the node's `qm` talking to that agent as qemu-server does (guest-sync-delimited, 5 s per command, 1 s
-polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), and meets
-the agent's own limits as a user would.
+polls). fleetfix probes it, fixes it with cuda-toolkit.yaml (twice: the second changes nothing), meets
+the agent's own limits as a user would, and rolls a failed apply back to a qcow2 snapshot. Opt-in: the
+real build of the tiny extension inside a second VM (FLEETFIX_REAL_VM_BUILD=1).
 
 One VM boots per module (what a boot and each test cost: docs/testbed.md "Real guests"); each test leaves
 it running, with its agent up.
@@ -24,11 +25,11 @@ from tests.conftest import in_ci
 from tests.e2e.conftest import host_args, run_cli
 from tests.e2e.scenarios import problem_case
 from tests.e2e.test_real_lxc import failed_steps
-from tests.e2e.test_snapshots import FAILING
 from tests.lab import qemuvm
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
-from tests.lab.qemuvm import QemuVM
+from tests.lab.cli import TINY_EXTENSION_IN_CT, add_tiny_extension_source
+from tests.lab.qemuvm import QemuVM, create_qemu_vm
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
 TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
@@ -108,24 +109,6 @@ def test_probe_then_cuda_toolkit_fixes_the_vm_and_a_second_apply_changes_nothing
     assert (rerun["status"], rerun["counts"]["changed"]) == ("ok", 0)
     reprobed = run_cli("probe", *targets, "--json", timeout=600).json()["targets"][0]
     assert not TOOLKIT_CODES & findings(reprobed)
-
-
-def test_a_failed_apply_is_rolled_back_to_the_disks_snapshot_and_the_vm_boots_again(
-    lab: Lab, real_vm: QemuVM, tmp_path: Path,
-) -> None:
-    # `qm snapshot` of the running VM (an internal qcow2 snapshot, its file systems frozen through the
-    # agent), then `qm rollback --start 1`: the disk as it was, and a fresh boot of it.
-    real_vm.write_file("/etc/lab-state", "before\n")
-    book = tmp_path / "book.yaml"
-    book.write_text(FAILING)
-    result = run_cli("apply", str(book), *vm_args(lab, VMID), "--state-dir", str(tmp_path / "state"),
-                     "--rollback-on-failure", timeout=900)
-    assert result.exit_code == 1, result.stdout + result.stderr
-    assert "rolled back to fleetfix-" in result.stdout.split("PLAY RECAP")[1]
-    assert real_vm.running and real_vm.agent_running()
-    state = real_vm.sh("cat /etc/lab-state; ls /etc/fleetfix-marker /etc/fleetfix-second", check=False)
-    assert state.stdout == b"before\n", state  # what the failed apply wrote is gone
-    assert state.stderr.count(b"No such file or directory") == 2, state
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -210,6 +193,90 @@ def test_a_reboot_mid_command_is_a_clear_per_target_error_and_the_vm_comes_back(
     assert status == 0 and float(answer["out-data"].split()[0]) < 300  # a fresh boot
 
 
+# ----------------------------------------------------------------------------------------------------------
+# Snapshots: internal qcow2 snapshots, taken and rolled back as qemu-server does (qemuvm.py snapshot_disk)
+# ----------------------------------------------------------------------------------------------------------
+# Step 1 changes a file; step 2 changes more and then fails its verify: a half-applied VM.
+HALF_APPLIED = """\
+name: half-applied
+steps:
+  - name: write marker
+    check: test -f /etc/fleetfix-marker
+    apply: echo changed > /etc/fleetfix-marker
+  - name: break things
+    check: test -f /etc/fleetfix-second
+    apply: echo changed > /etc/fleetfix-second && rm /etc/debian_version
+    verify: echo "verify says no" >&2; exit 1
+"""
+
+
+def guest_sh(lab: Lab, script: str) -> str:
+    """A script's stdout, run by the VM's real agent through the node's `qm guest exec`."""
+    status, answer, stderr = qm(lab, "guest", "exec", str(VMID), "--", "sh", "-c", script)
+    assert status == 0 and answer["exited"] == 1, stderr
+    return str(answer.get("out-data", ""))
+
+
+def uptime(lab: Lab) -> float:
+    return float(guest_sh(lab, "cat /proc/uptime").split()[0])
+
+
+def test_a_failed_apply_rolls_the_real_vm_back_to_its_disk_snapshot(
+    lab: Lab, real_vm: QemuVM, tmp_path: Path,
+) -> None:
+    real_vm.write_file("/etc/lab-state", "before\n")
+    booted_before = time.time() - uptime(lab)
+    book = tmp_path / "half-applied.yaml"
+    book.write_text(HALF_APPLIED)
+    since = len(lab.node().qm_calls())
+    started = time.monotonic()
+    result = run_cli("apply", str(book), *vm_args(lab, VMID), "--state-dir", str(tmp_path / "state"),
+                     "--snapshot", "--rollback-on-failure", "--json", timeout=900)
+    print(f"apply with snapshot and rollback on the real VM: {time.monotonic() - started:.0f} s")
+    assert result.exit_code == 1, result.stdout + result.stderr
+    [target] = result.json()["targets"]
+    name = target["snapshot"]["name"]
+    assert target["snapshot"]["rolled_back"] is True, target["snapshot"]
+    made = [argv for argv in lab.node().qm_calls()[since:] if argv[0] != "guest"]
+    assert [argv[0] for argv in made] == ["status", "snapshot", "rollback"]
+    assert made[-1][1:] == [str(VMID), name, "--start", "1"]
+    # An internal snapshot in the VM's own qcow2, disk only (no RAM state: fleetfix passes no --vmstate).
+    assert real_vm.disk_snapshots()[name] == 0
+
+    # Inside the guest, through the real agent: the change is gone, the state before it is there, and the
+    # VM was booted again (rollback stops it; --start 1 starts it).
+    assert real_vm.running
+    seen = guest_sh(lab, "cat /etc/lab-state; for f in /etc/fleetfix-marker /etc/fleetfix-second; do "
+                         "test -e $f && echo $f; done; cat /etc/debian_version")
+    assert seen.startswith("before\n12.") and seen.count("\n") == 2, seen
+    assert time.time() - uptime(lab) > booted_before + 1
+
+    status, _, stderr = qm(lab, "delsnapshot", str(VMID), name)  # while running: QMP's delete
+    assert status == 0, stderr
+    assert name not in real_vm.disk_snapshots()
+
+
+def test_qm_snapshot_with_vmstate_resumes_the_real_vm_where_it_was(lab: Lab, real_vm: QemuVM) -> None:
+    # --vmstate 1 keeps the RAM: a file on tmpfs (RAM only) comes back, the disk's later change goes, and
+    # the guest was not booted (its uptime went on).
+    guest_sh(lab, "echo in-ram > /dev/shm/fleetfix-ram")
+    before = uptime(lab)
+    status, _, stderr = qm(lab, "snapshot", str(VMID), "withram", "--vmstate", "1")
+    assert status == 0, stderr
+    assert real_vm.disk_snapshots()["withram"] > 0
+    guest_sh(lab, "rm /dev/shm/fleetfix-ram; echo later > /etc/fleetfix-later")
+
+    status, _, stderr = qm(lab, "rollback", str(VMID), "withram")  # no --start: the RAM state starts it
+    assert status == 0, stderr
+    assert real_vm.running
+    seen = guest_sh(lab, "cat /dev/shm/fleetfix-ram; test -e /etc/fleetfix-later || echo gone")
+    assert seen == "in-ram\ngone\n"
+    assert uptime(lab) >= before
+    status, _, stderr = qm(lab, "delsnapshot", str(VMID), "withram")
+    assert status == 0, stderr
+    assert "withram" not in real_vm.disk_snapshots()
+
+
 LARGE_OUTPUT_ENV = "FLEETFIX_REAL_VM_LARGE_OUTPUT"
 
 
@@ -224,3 +291,54 @@ def test_output_above_16_mib_is_an_error_never_short_facts(lab: Lab, real_vm: Qe
     slow = "the QEMU guest agent did not answer guest-exec-status within qm's 5 s"
     assert cut in result.stdout + result.stderr or slow in result.stdout, result.stdout + result.stderr
     real_vm.wait_for_agent(120)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# build-extensions inside the real VM: opt-in (minutes of an emulated compiler; docs/testbed.md)
+# ----------------------------------------------------------------------------------------------------------
+BUILD_ENV = "FLEETFIX_REAL_VM_BUILD"
+BUILD_VMID = 391
+TINY_EXTENSION = f"{TINY_EXTENSION_IN_CT}=fleetfix_tiny_cuda+fleetfix_tiny"
+
+
+@pytest.mark.timeout(3600)
+@pytest.mark.skipif(os.environ.get(BUILD_ENV) != "1",
+                    reason=f"many minutes of an emulated compiler (docs/testbed.md); {BUILD_ENV}=1 runs it")
+def test_build_extensions_compiles_the_tiny_extension_inside_the_real_vm(lab: Lab, tmp_path: Path) -> None:
+    # The guest gets this machine's real torch 2.14.1+cu130, nvcc 13.0 and g++ 12 from a second, read-only
+    # virtio disk (qemuvm.ensure_tools_disk), laid over its /usr and the venv with overlayfs; everything
+    # else is the VM's own, and every command reaches it through the real agent.
+    problem = qemuvm.unavailable_reason() or qemuvm.tools_unavailable_reason()
+    if problem is not None:
+        pytest.skip(problem)
+    started = time.monotonic()
+    tools = qemuvm.ensure_tools_disk()
+    print(f"tools disk: {time.monotonic() - started:.0f} s")
+    machine = create_qemu_vm(lab.node().state, BUILD_VMID, name="build-vm", memory=4096, disks=(tools,))
+    try:
+        machine.start()
+        machine.exec(["/bin/sh", "-c", qemuvm.tools_mount_script()], check=True)
+        add_tiny_extension_source(machine)
+        targets = vm_args(lab, BUILD_VMID)
+
+        started = time.monotonic()
+        probed = run_cli("probe", *targets, "--json", timeout=1800)
+        print(f"probe: {time.monotonic() - started:.0f} s")
+        [report] = probed.json()["targets"]
+        torch = report["facts"]["torch"]
+        assert (torch["version"], torch["cuda"]) == ("2.14.1+cu130", "13.0"), torch
+        assert torch["interpreter"].startswith(f"{qemuvm.TOOLS_TORCH_VENV}/bin/python"), torch
+
+        started = time.monotonic()
+        built = run_cli("apply", "playbooks/build-extensions.yaml", *targets,
+                        "--var", f"extensions={TINY_EXTENSION}", "--var", "pip_args=--no-index",
+                        "--var", "cuda_arch_list=9.0",
+                        "--state-dir", str(tmp_path / "state"), "--json", timeout=3000)
+        print(f"build-extensions.yaml: {time.monotonic() - started:.0f} s")
+        assert built.exit_code == 0, built.stdout[-3000:] + built.stderr[-3000:]
+        assert built.json()["targets"][0]["status"] == "changed"
+        check = "import torch, fleetfix_tiny_cuda, fleetfix_tiny; print(fleetfix_tiny_cuda.built_with_cuda())"
+        imported = machine.exec([torch["interpreter"], "-c", check], timeout=900, check=True)
+        assert imported.stdout.decode().split() == ["13000"]  # CUDART_VERSION: nvcc 13.0 built it
+    finally:
+        machine.destroy()

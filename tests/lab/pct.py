@@ -134,6 +134,25 @@ def cmd_config(node: ctlib.NodeState, args: list[str]) -> int:
 # The snapshot commands are the same in `qm` (PVE::AbstractConfig and PVE::GuestHelpers serve both): qm.py
 # calls them with its own guest lookup (`find`) and its own rule for volumes that cannot snapshot.
 Find = Callable[[ctlib.NodeState, "str | None"], ctlib.Container]
+# How a guest's volumes are snapshotted (the stand-ins: a copy of the upper dir; a real QEMU VM: qcow2
+# snapshots, qm.py). Take returns the keys it adds to the snapshot's config section.
+Take = Callable[[ctlib.Container, str, dict[str, str]], dict[str, str]]
+Restore = Callable[[ctlib.Container, str, dict[str, str]], None]
+Resume = Callable[[ctlib.Container, str], None]
+Drop = Callable[[ctlib.Container, str], None]
+
+
+def _copy_upper(ct: ctlib.Container, name: str, options: dict[str, str]) -> dict[str, str]:
+    ct.copy_upper_to(ct.snapshot_dir(name))
+    return {}
+
+
+def _restore_upper(ct: ctlib.Container, name: str, section: dict[str, str]) -> None:
+    ct.restore_upper_from(ct.snapshot_dir(name))
+
+
+def _drop_upper(ct: ctlib.Container, name: str) -> None:
+    shutil.rmtree(ct.snapshot_dir(name).parent, ignore_errors=True)
 
 
 def _snapshot_args(
@@ -170,7 +189,7 @@ def _volumes_without_snapshots(config: dict[str, str]) -> list[str]:
 def cmd_snapshot(
     node: ctlib.NodeState, args: list[str], find: Find | None = None,
     no_snapshots: Callable[[dict[str, str]], list[str]] = _volumes_without_snapshots,
-    allowed: dict[str, bool] | None = None,
+    allowed: dict[str, bool] | None = None, take: Take = _copy_upper,
 ) -> int:
     ct, name, options = _snapshot_args(node, args, allowed or {"description": True}, find)
     config = ct.config()
@@ -181,8 +200,9 @@ def cmd_snapshot(
     if no_snapshots(config.main):
         # PVE::LXC::Config->snapshot_prepare: has_feature('snapshot') over every volume.
         raise PctDie("snapshot feature is not available")
-    ct.copy_upper_to(ct.snapshot_dir(name))
+    added = take(ct, name, options)
     section = {key: value for key, value in config.main.items() if key != "lock"}
+    section.update(added)
     if "description" in options:
         section["description"] = options["description"]
     section["snaptime"] = str(int(time.time()))
@@ -233,26 +253,34 @@ def cmd_listsnapshot(node: ctlib.NodeState, args: list[str], find: Find | None =
     return 0
 
 
-def cmd_rollback(node: ctlib.NodeState, args: list[str], find: Find | None = None) -> int:
+def cmd_rollback(
+    node: ctlib.NodeState, args: list[str], find: Find | None = None, restore: Restore = _restore_upper,
+    resume: Resume | None = None,
+) -> int:
     ct, name, options = _snapshot_args(node, args, {"start": True}, find)
     config = ct.config()
     if name not in config.snapshots:
         raise PctDie(f"snapshot '{name}' does not exist")
     if ct.running:
         ct.stop()  # PVE: __snapshot_rollback_vm_stop -> vm_stop($vmid, 1)
-    ct.restore_upper_from(ct.snapshot_dir(name))
+    section = config.snapshots[name]
+    restore(ct, name, section)
     restored = {
-        key: value for key, value in config.snapshots[name].items() if key not in ("snaptime", "description")
+        key: value for key, value in section.items() if key not in ("snaptime", "description", "vmstate")
     }
     restored["parent"] = name
     config.main = restored
     ct.save_config(config)
-    if bool_option(options.get("start"), default=False):
+    if "vmstate" in section and resume is not None:
+        resume(ct, name)  # PVE: a snapshot with RAM state is started from it, whatever --start says
+    if bool_option(options.get("start"), default=False) and not ct.running:
         ct.start()
     return 0
 
 
-def cmd_delsnapshot(node: ctlib.NodeState, args: list[str], find: Find | None = None) -> int:
+def cmd_delsnapshot(
+    node: ctlib.NodeState, args: list[str], find: Find | None = None, drop: Drop = _drop_upper,
+) -> int:
     ct, name, _ = _snapshot_args(node, args, {"force": True}, find)
     config = ct.config()
     if name not in config.snapshots:
@@ -264,8 +292,8 @@ def cmd_delsnapshot(node: ctlib.NodeState, args: list[str], find: Find | None = 
                 section["parent"] = removed["parent"]
             else:
                 section.pop("parent")
+    drop(ct, name)
     ct.save_config(config)
-    shutil.rmtree(ct.snapshot_dir(name).parent, ignore_errors=True)
     return 0
 
 

@@ -64,10 +64,12 @@ KERNEL_PACKAGE = "linux-image-cloud-amd64"
 INITRAMFS_MODULES = ("virtio_pci_legacy_dev", "virtio_pci_modern_dev", "virtio_pci", "virtio_blk")
 GUEST_FORWARD_ADDRESS = "10.0.2.100"
 MARKER = "qemu.json"  # vm/ID/qemu.json: this VM is a real QEMU guest
-DISK_DEVICE = "virtio0"  # QEMU's name for the one `-drive ...,if=virtio` (the VM's disk)
-SNAPSHOT_TAG = "qcow2-snapshot"  # in a snapshot's directory: the disk's internal snapshot it stands for
 BOOT_TIMEOUT = 300.0  # generous: TCG on a busy machine is slow (measurements: docs/testbed.md)
 DISK_SIZE = "3G"
+# qemu-server names a disk's QEMU drive after its config key ("drive-scsi0"); QMP's snapshot commands
+# address the disk by that name.
+DRIVE_ID = "drive-scsi0"
+FSFREEZE_TIMEOUT = 60.0
 _SCHEMA = 1  # bump when what goes into the image changes
 
 # PID 1 on the VM's disk. The kernel command line carries the VM's hostname (one disk image serves all).
@@ -312,7 +314,8 @@ class QemuVM(VirtualMachine):
     def agent_running(self) -> bool:
         return qga_real.ping(str(self.agent_socket))
 
-    def qemu_argv(self) -> list[str]:
+    def qemu_argv(self, *, loadvm: str | None = None) -> list[str]:
+        """QEMU's command line; loadvm: start from that internal snapshot's RAM state (`-loadvm`)."""
         settings = self.settings
         image = Path(str(settings["image"]))
         forwards = [int(port) for port in settings.get("forwards", [])]
@@ -320,29 +323,33 @@ class QemuVM(VirtualMachine):
         netdev = "user,id=net0,restrict=on" + "".join(
             f",guestfwd=tcp:{GUEST_FORWARD_ADDRESS}:{port}-cmd:/usr/bin/python3 -I -S {relay} {port}"
             for port in forwards)
+        extra = [argument for disk in settings.get("disks", [])
+                 for argument in ("-drive", f"file={disk},if=virtio,format=raw,readonly=on")]
         return [
             QEMU, "-name", f"vm{self.vmid}", "-accel", "tcg", "-cpu", "max", "-smp", "1",
             "-m", str(settings.get("memory", 1024)), "-nodefaults", "-no-user-config", "-display", "none",
             "-kernel", str(image / "vmlinuz"), "-initrd", str(image / "initrd.img"),
             "-append", f"console=ttyS0 panic=-1 quiet fleetfix.hostname={self.hostname}",
             "-serial", f"file:{self.console_log}",
-            "-drive", f"file={self.disk},if=virtio,format=qcow2,cache=unsafe",
+            "-drive", f"file={self.disk},if=virtio,format=qcow2,cache=unsafe,id={DRIVE_ID}", *extra,
             "-device", "virtio-serial-pci",
             "-chardev", f"socket,id=qga0,path={self.agent_socket},server=on,wait=off",
             "-device", "virtserialport,chardev=qga0,name=org.qemu.guest_agent.0",
             "-netdev", netdev, "-device", "virtio-net-pci,netdev=net0",
             "-qmp", f"unix:{self.qmp_socket},server=on,wait=off",
             "-pidfile", str(self.dir / "qemu.pid"), "-daemonize",
+            *(["-loadvm", loadvm] if loadvm is not None else []),
         ]
 
-    def start(self, timeout: float = BOOT_TIMEOUT) -> int:
+    def start(self, timeout: float = BOOT_TIMEOUT, *, loadvm: str | None = None) -> int:
         """Boot the VM and wait until its agent answers; returns QEMU's PID. (Real `qm start` returns once
-        QEMU runs; the bed waits for the agent so that a test never races the boot.)"""
+        QEMU runs; the bed waits for the agent so that a test never races the boot.) loadvm: resume the
+        RAM state of that snapshot (taken with vmstate) instead of booting."""
         if self.running:
             raise ContainerError(f"VM {self.vmid} already running")
         for stale in (self.agent_socket, self.qmp_socket, self.dir / "qemu.pid", self.console_log):
             stale.unlink(missing_ok=True)
-        _run(self.qemu_argv(), timeout=60)  # -daemonize: returns once QEMU is set up
+        _run(self.qemu_argv(loadvm=loadvm), timeout=120)  # -daemonize: returns once QEMU is set up
         pid = int((self.dir / "qemu.pid").read_text().strip())
         stat_text = Path(f"/proc/{pid}/stat").read_text()
         start_time = int(stat_text[stat_text.rindex(")") + 2:].split()[19])
@@ -448,37 +455,77 @@ class QemuVM(VirtualMachine):
         script = 'mkdir -p "$(dirname "$1")" && cat > "$1" && chmod "$2" "$1"'
         self.exec(["/bin/sh", "-c", script, "sh", path, format(mode, "o")], input=payload, check=True)
 
-    # -- snapshots: internal qcow2 snapshots of the VM's disk, as qemu-server takes them on qcow2 ---------
-    # `qm snapshot` (pct.py's code) hands over snapshot_dir(NAME); it holds only the name of the disk's
-    # internal snapshot, unique per take, so a name deleted and taken again never meets an old one.
     def copy_upper_to(self, destination: Path) -> None:
-        tag = f"{destination.parent.name}-{time.time_ns()}"
-        if self.running:
-            # qemu-server without vmstate: the guest's file systems frozen through the agent around the
-            # drive snapshot (QemuConfig::__snapshot_freeze), so the snapshot has what the guest wrote.
-            frozen = self._fsfreeze("guest-fsfreeze-freeze")
-            try:
-                self.qmp("blockdev-snapshot-internal-sync", {"device": DISK_DEVICE, "name": tag}, timeout=120)
-            finally:
-                if frozen:
-                    self._fsfreeze("guest-fsfreeze-thaw")
-        else:
-            _run([QEMU_IMG, "snapshot", "-c", tag, str(self.disk)])
-        destination.mkdir(parents=True, exist_ok=True)
-        (destination / SNAPSHOT_TAG).write_text(tag + "\n")
+        raise QemuError(f"VM {self.vmid}: a real VM's snapshots are qcow2 snapshots (snapshot_disk), "
+                        "not copies of an upper dir")
 
     def restore_upper_from(self, source: Path) -> None:
-        if self.running:
-            raise ContainerError(f"VM {self.vmid} is running")
-        tag = (source / SNAPSHOT_TAG).read_text().strip()
-        _run([QEMU_IMG, "snapshot", "-a", tag, str(self.disk)])
+        raise QemuError(f"VM {self.vmid}: a real VM's snapshots are qcow2 snapshots (rollback_disk), "
+                        "not copies of an upper dir")
 
-    def _fsfreeze(self, execute: str) -> bool:
-        """An agent fsfreeze command; False when the agent could not do it (qemu-server then warns and goes
-        on: a snapshot without the freeze is still a crash-consistent one)."""
-        with contextlib.suppress(qga_real.AgentError, ValueError, OSError):
-            return "return" in qga_real.command(str(self.agent_socket), execute, timeout=60)
-        return False
+    # -- snapshots: internal qcow2 snapshots, as qemu-server takes them on a `dir` storage -------------
+    # qemu-server (read at e6352be): PVE::QemuServer::qemu_volume_snapshot asks do_snapshots_type; for a
+    # qcow2 volume that is "internal" while the VM runs (QMP blockdev-snapshot-internal-sync on the drive
+    # "drive-<key>") and "storage" while it is stopped (pve-storage's Plugin: qemu-img snapshot -c). Before
+    # a disk-only snapshot of a running VM with the agent enabled it freezes the guest's file systems
+    # (QemuConfig.pm __snapshot_check_freeze_needed / __snapshot_freeze: guest-fsfreeze-freeze, thawed
+    # afterwards; a failed freeze is a warning). Rollback is always offline: vm_stop, then
+    # volume_snapshot_rollback (qemu-img snapshot -a). Deletion mirrors creation
+    # (blockdev-snapshot-delete-internal-sync while running, qemu-img snapshot -d while stopped).
+    #
+    # With RAM state (`--vmstate 1`) PVE's own QEMU saves the RAM into a separate state volume
+    # (savevm-start/savevm-end, PVE patches) and rollback starts the VM with `-loadstate FILE`. Stock QEMU
+    # has neither: here HMP `savevm NAME` writes the RAM state into the qcow2's internal snapshot (together
+    # with the disk's) and the rollback starts QEMU with `-loadvm NAME`. What the guest sees is the same:
+    # it resumes where the snapshot was taken, its RAM (tmpfs, processes) included.
+    def snapshot_disk(self, name: str, *, vmstate: bool = False) -> list[str]:
+        """Take snapshot `name` of the disk (and, running with vmstate, the RAM); PVE's warnings, if any."""
+        warnings: list[str] = []
+        if not self.running:
+            _run([QEMU_IMG, "snapshot", "-c", name, str(self.disk)])
+            return warnings
+        if vmstate:
+            said = self.qmp("human-monitor-command", {"command-line": f"savevm {name}"}, timeout=600)
+            if isinstance(said, str) and said.strip():  # HMP reports its errors as text
+                raise QemuError(f"VM {self.vmid}: savevm {name}: {said.strip()}")
+            return warnings
+        frozen = False
+        try:
+            answer = qga_real.command(str(self.agent_socket), "guest-fsfreeze-freeze",
+                                      timeout=FSFREEZE_TIMEOUT)
+            frozen = "return" in answer
+            if not frozen:
+                warnings.append(f"guest-fsfreeze-freeze: {answer.get('error')}")
+        except qga_real.AgentError as error:
+            warnings.append(f"guest-fsfreeze-freeze: {error}")
+        try:
+            self.qmp("blockdev-snapshot-internal-sync", {"device": DRIVE_ID, "name": name}, timeout=300)
+        finally:
+            if frozen:
+                try:
+                    qga_real.command(str(self.agent_socket), "guest-fsfreeze-thaw", timeout=FSFREEZE_TIMEOUT)
+                except qga_real.AgentError as error:
+                    warnings.append(f"guest-fsfreeze-thaw problems - {error}")
+        return warnings
+
+    def rollback_disk(self, name: str) -> None:
+        """The disk back to snapshot `name` (the VM must be stopped, as qemu-server stops it first)."""
+        if self.running:
+            raise QemuError(f"VM {self.vmid} is running")
+        _run([QEMU_IMG, "snapshot", "-a", name, str(self.disk)])
+
+    def delete_disk_snapshot(self, name: str) -> None:
+        if self.running:
+            self.qmp("blockdev-snapshot-delete-internal-sync", {"device": DRIVE_ID, "name": name},
+                     timeout=300)
+        else:
+            _run([QEMU_IMG, "snapshot", "-d", name, str(self.disk)])
+
+    def disk_snapshots(self) -> dict[str, int]:
+        """The qcow2's internal snapshots: name -> size of its RAM state in bytes (0: disk only). Read
+        with `qemu-img info -U`, which works while QEMU holds the image."""
+        info = json.loads(_run([QEMU_IMG, "info", "-U", "--output=json", str(self.disk)]))
+        return {str(entry["name"]): int(entry.get("vm-state-size", 0)) for entry in info.get("snapshots", [])}
 
     def destroy(self) -> None:
         self.stop()
@@ -488,10 +535,11 @@ class QemuVM(VirtualMachine):
 
 def create_qemu_vm(
     node: NodeState, vmid: int, *, name: str | None = None, forwards: tuple[int, ...] = (),
-    memory: int = 1024, image: VmImage | None = None,
+    memory: int = 1024, image: VmImage | None = None, disks: tuple[Path, ...] = (),
 ) -> QemuVM:
     """A stopped real VM: its config (agent enabled), a qcow2 disk over the shared image, and the ports of
-    this machine's loopback its guest may reach (each at GUEST_FORWARD_ADDRESS:PORT)."""
+    this machine's loopback its guest may reach (each at GUEST_FORWARD_ADDRESS:PORT). disks: raw images
+    attached read-only after its own (/dev/vdb, ...: ensure_tools_disk())."""
     owner = node.id_owner(vmid)
     if owner is not None:
         raise ContainerError(f"unable to create VM {vmid} - {owner} {vmid} already exists on node "
@@ -503,9 +551,93 @@ def create_qemu_vm(
     _run([QEMU_IMG, "create", "-q", "-f", "qcow2", "-F", "raw", "-b", str(image.disk), str(machine.disk)])
     name = name or f"vm{vmid}"
     (machine.dir / MARKER).write_text(json.dumps({"image": str(image.directory), "forwards": list(forwards),
-                                                  "memory": memory}))
+                                                  "memory": memory, "disks": [str(d) for d in disks]}))
     main = {"agent": "1", "boot": "order=scsi0", "cores": "1", "memory": str(memory), "name": name,
             "ostype": "l26", "scsi0": f"local:{vmid}/vm-{vmid}-disk-0.qcow2,size={DISK_SIZE}",
             "scsihw": "virtio-scsi-single"}
     machine.save_config(CtConfig(main, {}))
     return machine
+
+
+# --------------------------------------------------------------------------------------------------------
+# The tools disk: this machine's toolchain and real torch, for extension builds inside a VM
+# --------------------------------------------------------------------------------------------------------
+# The cloud kernel has no 9p, and virtiofs needs virtiofsd; a second virtio disk needs nothing: an ext4
+# image (mkfs.ext4 -d) of this machine's /usr (Debian 12, as the guest: gcc/g++ 12, python3.11's headers,
+# /usr/local/cuda-13.0's real nvcc), less /usr/share and /usr/lib/jvm, plus the real torch venv. The guest
+# lays it over its own /usr and /opt/fleetfix-torch-VERSION with overlayfs, the upper dirs on its own disk,
+# so pip can install into the venv and the disk image stays read-only and shared.
+TOOLS_TORCH_VENV = Path("/opt/fleetfix-torch-2.14.1")
+TOOLS_NVCC = Path("/usr/local/cuda-13.0/bin/nvcc")
+TOOLS_SIZE = "14G"
+_TOOLS_SCHEMA = 1
+_TOOLS_MOUNT = f"""set -e
+mkdir -p /mnt/fleetfix-tools /var/lib/fleetfix-tools/usr /var/lib/fleetfix-tools/usr.work \\
+    /var/lib/fleetfix-tools/venv /var/lib/fleetfix-tools/venv.work {TOOLS_TORCH_VENV}
+mount -o ro /dev/vdb /mnt/fleetfix-tools
+modprobe overlay
+mount -t overlay overlay -o lowerdir=/mnt/fleetfix-tools/usr:/usr,upperdir=/var/lib/fleetfix-tools/usr,\\
+workdir=/var/lib/fleetfix-tools/usr.work /usr
+mount -t overlay overlay -o lowerdir=/mnt/fleetfix-tools{TOOLS_TORCH_VENV},\\
+upperdir=/var/lib/fleetfix-tools/venv,workdir=/var/lib/fleetfix-tools/venv.work {TOOLS_TORCH_VENV}
+"""
+
+
+def tools_mount_script() -> str:
+    """The guest's script that lays the tools disk (/dev/vdb) over its /usr and the torch venv. It also
+    adds this machine's /etc/alternatives links that the guest lacks (c++ and cc point through them: what
+    update-alternatives does when the compilers are installed)."""
+    links = []
+    for link in sorted(Path("/etc/alternatives").iterdir()):
+        target = os.readlink(link) if link.is_symlink() else ""
+        safe = re.fullmatch(r"[A-Za-z0-9._+-]+", link.name)
+        if safe and re.fullmatch(r"/usr/s?bin/[A-Za-z0-9._+-]+", target):
+            name = f"/etc/alternatives/{link.name}"
+            links.append(f"[ -e {name} ] || ln -s {target} {name}")
+    return _TOOLS_MOUNT + "\n".join(links) + "\n"
+
+
+def tools_unavailable_reason() -> str | None:
+    """Why the tools disk cannot be built here, or None."""
+    for needed in (TOOLS_TORCH_VENV / "bin" / "python", TOOLS_NVCC):
+        if not needed.exists():
+            return f"{needed} is missing (the tools disk carries this machine's real torch and nvcc 13.0)"
+    return None
+
+
+def _tools_key() -> str:
+    parts: list[object] = [_TOOLS_SCHEMA, TOOLS_SIZE]
+    for marker in (TOOLS_TORCH_VENV / "pyvenv.cfg", TOOLS_NVCC.parent.parent / "version.json",
+                   Path("/usr/bin/x86_64-linux-gnu-g++-12")):
+        parts.append(marker.stat().st_size if marker.exists() else None)
+        parts.append(int(marker.stat().st_mtime) if marker.exists() else None)
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:10]
+
+
+def ensure_tools_disk(directory: Path | None = None) -> Path:
+    """The tools disk image (built once per machine and key, ~5 min: ~9 GB written)."""
+    base = directory or cache_dir()
+    base.mkdir(parents=True, exist_ok=True)
+    target = base / f"vm-tools-{_tools_key()}"
+    with open(base / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (target / "tools.raw").is_file():
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=base))
+            try:
+                root = staging / "root"
+                (root / TOOLS_TORCH_VENV.parent.relative_to("/")).mkdir(parents=True)
+                # Hard links: mkfs.ext4 -d only reads them.
+                _run(["cp", "-al", "--", "/usr", str(root / "usr")], timeout=1800)
+                for dropped in ("share", "lib/jvm"):
+                    shutil.rmtree(root / "usr" / dropped, ignore_errors=True)
+                venv = root / TOOLS_TORCH_VENV.relative_to("/")
+                _run(["cp", "-al", "--", str(TOOLS_TORCH_VENV), str(venv)], timeout=1800)
+                image = staging / "tools.raw"
+                _run(["mkfs.ext4", "-q", "-F", "-L", "fleetfix-tools", "-d", str(root), str(image),
+                      TOOLS_SIZE], timeout=3600)
+                shutil.rmtree(root)
+                shutil.rmtree(target, ignore_errors=True)
+                staging.rename(target)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+    return target / "tools.raw"

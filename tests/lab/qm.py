@@ -25,7 +25,10 @@ qemu-ga (qga_real.py): one connection per agent command, guest-sync-delimited fi
 guest-exec and guest-exec-status with QMPClient's default 5 s, and a 1 s sleep between status polls, as
 qm.pm `exec` does. For the agent stand-in (qga.py) one deliberate difference: the stand-in polls every
 20 ms, or the test bed's runs would spend most of their time asleep. The answers are the same. Snapshots
-of a running VM do not freeze its file systems through the agent, as PVE does when the agent runs.
+of a stand-in VM are copies of its upper dir and do not freeze its file systems through the agent, as PVE
+does when the agent runs; a real VM's are qcow2 snapshots taken as qemu-server takes them (QMP
+blockdev-snapshot-internal-sync after guest-fsfreeze-freeze while it runs, qemu-img snapshot while it is
+stopped; `--vmstate 1` keeps its RAM too, and its rollback resumes it: qemuvm.py says how).
 """
 
 from __future__ import annotations
@@ -288,11 +291,53 @@ def cmd_config(node_dir: str, args: list[str]) -> int:
     return 0
 
 
+# A real QEMU VM's snapshots are qcow2 snapshots (qemuvm.py QemuVM.snapshot_disk, which cites qemu-server);
+# the stand-in VM's are copies of its upper dir, as a container's. The config sections are pct's code.
+def _is_qemu(machine: Any) -> bool:
+    return hasattr(machine, "snapshot_disk")
+
+
+def _take(machine: Any, name: str, options: dict[str, str]) -> dict[str, str]:
+    import pct
+
+    if not _is_qemu(machine):
+        return pct._copy_upper(machine, name, options)
+    # PVE saves RAM state only for a running VM (a stopped one has none): the option is then ignored.
+    vmstate = bool_option(options.get("vmstate"), default=False) and machine.running
+    for warning in machine.snapshot_disk(name, vmstate=vmstate):
+        sys.stderr.write(f"{warning}\n")
+    # PVE's key names the state volume (vm-ID-state-NAME); the bed keeps the state inside the qcow2.
+    return {"vmstate": f"local:{machine.vmid}/vm-{machine.vmid}-state-{name}.raw"} if vmstate else {}
+
+
+def _restore(machine: Any, name: str, section: dict[str, str]) -> None:
+    import pct
+
+    if _is_qemu(machine):
+        machine.rollback_disk(name)
+    else:
+        pct._restore_upper(machine, name, section)
+
+
+def _resume(machine: Any, name: str) -> None:
+    if _is_qemu(machine):
+        machine.start(loadvm=name)  # QemuConfig.pm __snapshot_rollback_vm_start(statefile => vmstate)
+
+
+def _drop(machine: Any, name: str) -> None:
+    import pct
+
+    if _is_qemu(machine):
+        machine.delete_disk_snapshot(name)
+    else:
+        pct._drop_upper(machine, name)
+
+
 def cmd_snapshot(node_dir: str, args: list[str]) -> int:
     import pct
 
     return pct.cmd_snapshot(_node(node_dir), args, find=_vm, no_snapshots=_vm_volumes_without_snapshots,
-                            allowed={"description": True, "vmstate": True})
+                            allowed={"description": True, "vmstate": True}, take=_take)
 
 
 def cmd_listsnapshot(node_dir: str, args: list[str]) -> int:
@@ -304,13 +349,13 @@ def cmd_listsnapshot(node_dir: str, args: list[str]) -> int:
 def cmd_rollback(node_dir: str, args: list[str]) -> int:
     import pct
 
-    return pct.cmd_rollback(_node(node_dir), args, find=_vm)
+    return pct.cmd_rollback(_node(node_dir), args, find=_vm, restore=_restore, resume=_resume)
 
 
 def cmd_delsnapshot(node_dir: str, args: list[str]) -> int:
     import pct
 
-    return pct.cmd_delsnapshot(_node(node_dir), args, find=_vm)
+    return pct.cmd_delsnapshot(_node(node_dir), args, find=_vm, drop=_drop)
 
 
 COMMANDS: dict[str, Callable[[str, list[str]], int]] = {
