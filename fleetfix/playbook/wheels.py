@@ -362,7 +362,7 @@ class _ItemRun:
     item: RenderedItem
     execute: Execute
     transport: Transport
-    guest: Callable[[], Guest]
+    open_guest: Callable[[], Guest]  # the target's guest driver, made on first use
     event: Callable[..., None]
     record: dict[str, Any]
     redact: Callable[[str], str] = str
@@ -386,7 +386,7 @@ class _ItemRun:
             return None
         entry = found.entry
         remote = f"{self.work}/{entry.wheel}"
-        pushed = self.guest().push(entry.path, remote, mode=0o600, max_bytes=max(entry.size, 1))
+        pushed = self.open_guest().push(entry.path, remote, mode=0o600, max_bytes=max(entry.size, 1))
         if pushed.sha256 != entry.sha256:  # changed on the controller since the lookup re-hashed it
             raise _ItemFailed(f"{entry.directory.name} changed while it was pushed; not installed")
         _install_and_verify(self.item, self.execute, self.work, remote, what="the cached wheel")
@@ -412,7 +412,7 @@ class _ItemRun:
     def _push_source(self, source: SourceArchive) -> str:
         """Exactly the controller's bytes of the source, in the work directory: their path there."""
         remote = f"{self.work}/{source.filename}"
-        pushed = self.guest().push(source.path, remote, mode=0o600, max_bytes=max(source.size, 1))
+        pushed = self.open_guest().push(source.path, remote, mode=0o600, max_bytes=max(source.size, 1))
         if pushed.sha256 != source.sha256:
             raise _ItemFailed(f"{source.filename} changed on the controller while it was pushed; not built")
         return remote
@@ -423,7 +423,7 @@ class _ItemRun:
         seconds, wheel = self.build()
         incoming = cache.incoming(wheel.rpartition("/")[2])
         try:
-            pulled = self.guest().pull(wheel, incoming, max_bytes=DEFAULT_MAX_BYTES)
+            pulled = self.open_guest().pull(wheel, incoming, max_bytes=DEFAULT_MAX_BYTES)
             source = self.source
             provenance = Provenance(builder, "build", round(seconds, 1),
                                     build_command=self.redact(self.item.build),
