@@ -470,7 +470,7 @@ def _from_upstream(item: RenderedItem, key: dict[str, str], item_run: _ItemRun, 
         if problem is not None:
             return _refused(fetcher, proposal.url, f"{proposal.filename} refused: {problem}")
         remote = f"{item_run.work}/{proposal.install_name}"
-        pushed = item_run.guest().push(incoming, remote, mode=0o600, max_bytes=max(fetched.size, 1))
+        pushed = item_run.open_guest().push(incoming, remote, mode=0o600, max_bytes=max(fetched.size, 1))
         if pushed.sha256 != fetched.sha256:
             return f"{proposal.filename} changed on the controller while it was pushed; not installed"
         try:
