@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Collection, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -171,7 +172,10 @@ def _checked_reference(done: subprocess.CompletedProcess[str], targets: int) -> 
 
 
 def measure_instructions(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = DEFAULT_FORKS,
-                         channels: int = DEFAULT_CHANNELS, repeat: int = 1) -> Breakdown:
+                         channels: int = DEFAULT_CHANNELS, repeat: int = 1, jobs: int = 1) -> Breakdown:
+    """Each part counted under callgrind. jobs: how many of those runs go at once. A count is the
+    instructions of its own process, so it does not depend on jobs; only the wall time does (the smoke
+    test in CI runs two at once on its two cores)."""
     targets = sum(len(node.ctids) for node in nodes)
     rundir = write_cli_inventory(fleet, nodes, fleet.workdir / "instructions")
     spec = write_ref_spec(fleet, nodes, forks=forks, channels=channels)
@@ -187,21 +191,29 @@ def measure_instructions(fleet: Bed, nodes: Sequence[NodeSpec], *, forks: int = 
     others_file.write_text(json.dumps(others))
     every_file.write_text(json.dumps(every))
 
-    startup, _ = count_instructions([python, "-c", "pass"], cwd=rundir)
     importer = [python, "-c", IMPORTER]
-    imports_others, _ = count_instructions([*importer, str(others_file), str(every_file)], cwd=rundir)
-    imports_all, _ = count_instructions([*importer, str(every_file), str(every_file)], cwd=rundir)
-    probe: list[int] = []
-    reference: list[int] = []
-    for _ in range(repeat):  # interleaved, as benchmarks.fleet_probe runs them
+
+    def probe_count() -> int:
         count, done = count_instructions([python, "-m", "fleetfix", *probe_argv(forks)], cwd=rundir,
                                          exits=PROBED)
         _checked_probe(done, targets)
-        probe.append(count)
+        return count
+
+    def reference_count() -> int:
         count, done = count_instructions([python, "-m", "benchmarks.paramiko_ref", str(spec)], cwd=REPO)
         _checked_reference(done, targets)
-        reference.append(count)
-    return Breakdown(targets, startup, imports_others, imports_all, probe, reference)
+        return count
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        startup = pool.submit(lambda: count_instructions([python, "-c", "pass"], cwd=rundir)[0])
+        imports_others = pool.submit(
+            lambda: count_instructions([*importer, str(others_file), str(every_file)], cwd=rundir)[0])
+        imports_all = pool.submit(
+            lambda: count_instructions([*importer, str(every_file), str(every_file)], cwd=rundir)[0])
+        runs = [(pool.submit(probe_count), pool.submit(reference_count))  # interleaved, as
+                for _ in range(repeat)]                                   # benchmarks.fleet_probe runs them
+        return Breakdown(targets, startup.result(), imports_others.result(), imports_all.result(),
+                         [probe.result() for probe, _ in runs], [reference.result() for _, reference in runs])
 
 
 def render(result: Breakdown, *, nodes: int, cts: int, rtt_ms: float) -> str:

@@ -27,6 +27,7 @@ from tests.lab.aptrepo import (
     build_repo,
     serve_repo,
 )
+from tests.lab.realtorch import cache_root
 
 pytestmark = [
     pytest.mark.e2e,
@@ -276,7 +277,9 @@ def test_refuses_to_serve_beyond_loopback(built: BuiltRepo) -> None:
     reason="needs the real CUDA 13.0 at /usr/local/cuda-13.0 and g++",
 )
 def test_real_13_0_packages_compile_and_run_a_cuda_program(tmp_path: Path) -> None:
-    built13 = build_repo(tmp_path / "cache", real_13_0=True)
+    # The very debs the e2e tests install (their real_repo fixture's cache, the same key), built here when
+    # this machine has none yet: building them again in tmp_path would prove nothing more.
+    built13 = build_repo(cache_root() / "aptrepo", real_13_0=True)
     assert {"cuda-nvcc-13-0", "cuda-cudart-dev-13-0", "cuda-cccl-13-0"} <= set(built13.package_names())
     root = tmp_path / "root"
     for sub in ("var/lib/dpkg/info", "var/lib/dpkg/updates", "var/log"):
