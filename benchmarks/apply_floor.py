@@ -109,9 +109,15 @@ def floor_plan(fleet: Bed, scripts: dict[str, list[tuple[str, str, int | None]]]
 # -- the floor driver (runs as its own process: `python -m benchmarks.apply_floor --drive PLAN`) ----------
 
 
+# What an sshd session hands `pct exec` (and the stand-in passes into the container, as pct does without
+# --keep-env 0): not the harness's own environment (PYTHONPATH, PYTHONDONTWRITEBYTECODE, ...).
+SESSION_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root",
+               "USER": "root", "LOGNAME": "root", "SHELL": "/bin/sh", "LANG": "C.UTF-8"}
+
+
 def _sh(argv: Sequence[str], script: str) -> int:
     done = subprocess.run(list(argv), input=script.encode(), stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, check=False)
+                          stderr=subprocess.DEVNULL, check=False, env=SESSION_ENV)
     return done.returncode
 
 

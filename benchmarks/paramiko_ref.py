@@ -41,12 +41,13 @@ def run(transport: paramiko.Transport, command: str, stdin: bytes) -> tuple[int,
 
 
 def node_work(node: dict[str, Any], spec: dict[str, Any], probe: bytes, node_script: bytes) -> int:
-    sock = socket.create_connection((node["address"], node["proxy_port"] or node["port"]), timeout=10)
+    timeout = float(spec.get("timeout", 10))  # seconds to connect and to finish the key exchange
+    sock = socket.create_connection((node["address"], node["proxy_port"] or node["port"]), timeout=timeout)
     transport = paramiko.Transport(sock)
     options = transport.get_security_options()
     gcm = "aes128-gcm@openssh.com"
     options.ciphers = (gcm, *(cipher for cipher in options.ciphers if cipher != gcm))
-    transport.start_client(timeout=10)
+    transport.start_client(timeout=timeout)
     known = paramiko.HostKeys(spec["known_hosts"])
     key = transport.get_remote_server_key()
     entry = known.lookup(f"[{node['address']}]:{node['port']}")
