@@ -168,10 +168,13 @@ def _peak_sampler(pid: int, peaks: dict[str, int], done: threading.Event) -> Non
             fds = len(os.listdir(f"/proc/{pid}/fd"))
         except OSError:
             continue
-        threads = int(re.search(r"^Threads:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
-        rss = int(re.search(r"^VmRSS:\s+(\d+)", status, re.M).group(1))  # type: ignore[union-attr]
-        peaks["threads"], peaks["fds"] = max(peaks["threads"], threads), max(peaks["fds"], fds)
-        peaks["rss_kib"] = max(peaks["rss_kib"], rss)
+        threads = re.search(r"^Threads:\s+(\d+)", status, re.M)
+        rss = re.search(r"^VmRSS:\s+(\d+)", status, re.M)
+        if threads is None or rss is None:  # exited, not yet reaped: a zombie has no memory lines
+            continue
+        peaks["threads"] = max(peaks["threads"], int(threads.group(1)))
+        peaks["fds"] = max(peaks["fds"], fds)
+        peaks["rss_kib"] = max(peaks["rss_kib"], int(rss.group(1)))
 
 
 def run_measured(argv: Sequence[str], cwd: Path, nofile: int, timeout: float) -> tuple[Any, ...]:
@@ -283,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nofile", type=int, default=DEFAULT_NOFILE,
                         help="the controllers' soft RLIMIT_NOFILE (default 1024, Linux's default)")
     parser.add_argument("--connect-timeout", type=float, default=120)
+    parser.add_argument("--tools", default="fleetfix,paramiko", help="comma-separated: fleetfix, paramiko")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     options = parser.parse_args(argv)
@@ -290,7 +294,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fleetfix-thousand-"))
     try:
         runs = measure_fleet(work, options.nodes, options.cts, [int(f) for f in options.forks.split(",")],
-                             nofile=options.nofile, connect_timeout=options.connect_timeout)
+                             nofile=options.nofile, connect_timeout=options.connect_timeout,
+                             tools=options.tools.split(","))
     finally:
         if not options.keep:
             shutil.rmtree(work, ignore_errors=True)
