@@ -69,7 +69,9 @@ class Row:
     wall_s: float
     cpu_s: float  # the controller's: fleetfix's process; the floor driver's own threads
     maxrss_kib: int
-    node_cpu_s: float | None = None  # the floor only: pct, the shells and the containers' work
+    # the nodes' side: for the floor, pct, the shells and the containers' work (its tree less its driver);
+    # for fleetfix, the same and sshd's side of the connections (what the nodes' sshds reaped)
+    node_cpu_s: float | None = None
     scripts: int = 0
     detail: dict[str, Any] = field(default_factory=dict)
 
@@ -169,13 +171,39 @@ def drive(plan: dict[str, Any], forks: int, channels: int) -> dict[str, Any]:
 # -- the runs --------------------------------------------------------------------------------------------
 
 
+def node_cpu(fleet: Bed) -> float:
+    """CPU seconds of everything the nodes' sshds have reaped: each connection's sshd, its sessions, `pct`
+    and the containers' work under it (each level waits for the one below: it all lands in the listener's
+    cutime/cstime once the connection has closed)."""
+    total = 0
+    for node in fleet.nodes:
+        process = fleet.lab.nodes[node.name].ssh.process
+        assert process is not None
+        stat = Path(f"/proc/{process.pid}/stat").read_bytes()
+        fields = stat[stat.rfind(b")") + 2:].split()  # after "pid (comm) ": state is field 3
+        total += int(fields[13]) + int(fields[14])  # cutime, cstime: fields 16 and 17
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def _node_cpu_after(fleet: Bed, before: float) -> float:
+    """The nodes' CPU since `before`, once their sshds have reaped the run's connections."""
+    deadline, last = time.monotonic() + 5, -1.0
+    while time.monotonic() < deadline:
+        now = node_cpu(fleet)
+        if now == last:
+            break
+        last = now
+        time.sleep(0.5)
+    return last - before
+
+
 def pct_execs(fleet: Bed) -> int:
     return sum(fleet.lab.nodes[node.name].pct_exec_count() for node in fleet.nodes)
 
 
 def _cli(fleet: Bed, name: str, args: Sequence[str], rundir: Path) -> Row:
     argv = [sys.executable, "-m", "fleetfix", *args]
-    load, execs = os.getloadavg()[0], pct_execs(fleet)
+    load, execs, node_before = os.getloadavg()[0], pct_execs(fleet), node_cpu(fleet)
     counter = fleet.counter()
     counter.start()
     run = measure(argv, env={**_python_env(), "NO_COLOR": "1"}, cwd=rundir, timeout=3600)
@@ -187,6 +215,7 @@ def _cli(fleet: Bed, name: str, args: Sequence[str], rundir: Path) -> Row:
     ok = sum(1 for t in targets if (t.get("status") in good if good else not t.get("error")))
     statuses = sorted({str(t.get("status")) for t in targets}) if good else []
     return Row(name, len(targets), ok, run.wall_s, run.cpu_s, run.maxrss_kib,
+               node_cpu_s=_node_cpu_after(fleet, node_before),
                detail={"statuses": statuses, "loadavg_before_after": [load, os.getloadavg()[0]],
                        "pct_execs": pct_execs(fleet) - execs,
                        "ssh_connections": sum(c.connections for c in counts),
