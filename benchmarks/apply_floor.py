@@ -305,20 +305,25 @@ def render(rows: Sequence[Row], *, nodes: int, cts: int, rtt_ms: float) -> str:
 
 
 def run_bed(work: Path, nodes: int, cts: int, rtt_ms: float, *, forks: int = DEFAULT_FORKS,
-            channels: int = DEFAULT_CHANNELS) -> list[Row]:
+            channels: int = DEFAULT_CHANNELS, repo_url: str | None = None) -> list[Row]:
+    """repo_url: an apt repository stand-in already served (the e2e tests' session one), else one is
+    built and served for this run."""
     from tests.e2e.scenarios import problem_case
     from tests.lab.aptrepo import build_repo, serve_repo
 
-    repo = serve_repo(build_repo(work / "aptrepo"))
+    repo = serve_repo(build_repo(work / "aptrepo")) if repo_url is None else None
     fleet = start_fleet(work / "bed", nodes, cts, rtt_ms)
     try:
         for node in fleet.nodes:
             for ctid in node.ctids:
                 problem_case(fleet.lab.nodes[node.name].container(ctid))
-        return measure_apply(fleet, repo.base_url, forks=forks, channels=channels)
+        url = repo.base_url if repo is not None else repo_url
+        assert url is not None
+        return measure_apply(fleet, url, forks=forks, channels=channels)
     finally:
         fleet.close()
-        repo.stop()
+        if repo is not None:
+            repo.stop()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

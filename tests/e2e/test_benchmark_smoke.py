@@ -20,6 +20,7 @@ from benchmarks.instructions import VALGRIND, measure_instructions, render
 from benchmarks.latency_proxy import require_loopback
 from benchmarks.measure import SshCounts
 from tests.conftest import in_ci
+from tests.lab.aptrepo import AptRepo
 
 NODES, CTS = 3, 3
 
@@ -109,13 +110,13 @@ def test_instruction_counts_split_the_command_into_start_up_imports_and_work(bed
     assert "fleetfix probe / paramiko reference" in render(counts, nodes=2, cts=2, rtt_ms=bed.rtt_ms)
 
 
-def test_apply_floor_runs_apply_the_floor_and_the_probe_on_one_bed(tmp_path: Path) -> None:
+def test_apply_floor_runs_apply_the_floor_and_the_probe_on_one_bed(tmp_path: Path, apt_repo: AptRepo) -> None:
     """benchmarks/apply_floor.py on 1 node x 2 problem-case containers: both applies fixed every target,
     the floor ran exactly the recorded scripts (their exit statuses checked inside) through as many
     `pct exec` calls as fleetfix made, and the ratios came back. How long anything took is not asserted."""
     from benchmarks.apply_floor import ratios, render, run_bed
 
-    rows = {row.run: row for row in run_bed(tmp_path, 1, 2, 0)}
+    rows = {row.run: row for row in run_bed(tmp_path, 1, 2, 0, repo_url=apt_repo.base_url)}
     assert list(rows) == ["apply-change", "apply-noop", "probe", "floor-noop", "floor-change"]
     for row in rows.values():
         assert (row.ok, row.targets) == (2, 2), row
@@ -127,6 +128,7 @@ def test_apply_floor_runs_apply_the_floor_and_the_probe_on_one_bed(tmp_path: Pat
         assert floor.scripts == apply.scripts > 0
         assert floor.detail["pct_execs"] == apply.detail["pct_execs"]  # the same scripts, plus the facts
         assert floor.node_cpu_s is not None and floor.node_cpu_s > 0
+        assert apply.node_cpu_s is not None and apply.node_cpu_s > 0  # what the node's sshd reaped
     assert rows["apply-noop"].scripts < rows["apply-change"].scripts
     assert set(ratios(list(rows.values()))) == {"apply-change / floor-change (target <= 1.15 wall)",
                                                  "apply-noop / probe (target <= 1.5 wall)",
