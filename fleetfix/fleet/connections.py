@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fleetfix.errors import FleetfixError, UnexpectedError
+from fleetfix.errors import ConfigError, FleetfixError, UnexpectedError
 from fleetfix.fleet.outcome import describe
 from fleetfix.secrets import resolve_reference
 from fleetfix.target import SSHSettings, Target
@@ -57,6 +57,31 @@ class _NodeSlot:
     lock: threading.Lock = field(default_factory=threading.Lock)
     connection: NodeConnection | None = None
     error: FleetfixError | None = None  # the first connect failure, reported for every target of the node
+
+
+# A node's connection holds its socket open for the Fleet's lifetime: the descriptors a run needs grow with
+# its nodes. PER_NODE leaves room for a second descriptor per node; HEADROOM is the rest of the process
+# (the interpreter, records, the audit store, SFTP transfers, the pipes of a local target).
+DESCRIPTORS_PER_NODE = 2
+DESCRIPTOR_HEADROOM = 256
+
+
+def ensure_descriptors(nodes: int) -> None:
+    """Before a run connects `nodes` nodes: raise this process's soft RLIMIT_NOFILE to what they need, up to
+    the hard limit (any process may), or refuse with the limit and the fix before any node is dialled, instead
+    of failing nodes one by one with EMFILE midway (Linux's default soft limit is 1024)."""
+    import resource
+
+    need = DESCRIPTORS_PER_NODE * nodes + DESCRIPTOR_HEADROOM
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise ConfigError(
+            f"{nodes} nodes need about {need} open files, and this process may open at most {hard} "
+            f"(RLIMIT_NOFILE, hard limit): raise it (`ulimit -n {need}` as root, or LimitNOFILE={need} in "
+            "the service's systemd unit), or run on fewer nodes at once with --limit")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
 
 
 def node_key(target: Target) -> Hashable:

@@ -35,7 +35,7 @@ from types import TracebackType
 from typing import Generic, TypeVar
 
 from fleetfix.errors import FleetfixError
-from fleetfix.fleet.connections import Connections, Connector, node_key
+from fleetfix.fleet.connections import Connections, Connector, ensure_descriptors, node_key
 from fleetfix.fleet.outcome import EventHandler, Outcome, call, not_started, report
 from fleetfix.guests import Guest, open_guest
 from fleetfix.target import Target
@@ -83,6 +83,11 @@ def interrupt_all() -> int:
     for fleet in fleets:
         fleet.interrupt()
     return len(fleets)
+
+
+def _ssh_nodes(targets: Sequence[Target]) -> int:
+    """How many SSH connections the targets' nodes hold open (this machine's nodes need none)."""
+    return len({node_key(target) for target in targets if target.node.ssh is not None})
 
 
 class Fleet:
@@ -145,6 +150,7 @@ class Fleet:
         round trips of the SSH handshakes instead of preceding them. A failure is kept for the node and
         reported by `map`, as if it had connected there."""
         if not self._interrupted.is_set():
+            ensure_descriptors(_ssh_nodes(targets))
             self._connections.start_connecting(targets, limit=self.forks)
 
     # -- running --------------------------------------------------------------------------------------
@@ -155,6 +161,7 @@ class Fleet:
     ) -> list[Outcome[R]]:
         """Call fn(target, transport) for every target; one Outcome per target, in input order. With start,
         each target is first offered to start (see `Pending`); fn runs for those it returns None for."""
+        ensure_descriptors(_ssh_nodes(targets))
         run = _Map(self, targets, fn, start, on_event)
         by_node: dict[Hashable, list[int]] = {}
         for index, target in enumerate(targets):

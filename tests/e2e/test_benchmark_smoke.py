@@ -20,6 +20,7 @@ from benchmarks.instructions import VALGRIND, measure_instructions, render
 from benchmarks.latency_proxy import require_loopback
 from benchmarks.measure import SshCounts
 from tests.conftest import in_ci
+from tests.lab.aptrepo import AptRepo
 
 NODES, CTS = 3, 3
 
@@ -108,3 +109,64 @@ def test_instruction_counts_split_the_command_into_start_up_imports_and_work(bed
     assert counts.imports_fleetfix > 0 and counts.after_imports > 0  # the run does more than import
     assert len(counts.probe) == len(counts.reference) == 1 and counts.reference[0] > counts.startup
     assert "fleetfix probe / paramiko reference" in render(counts, nodes=2, cts=2, rtt_ms=bed.rtt_ms)
+
+
+def test_apply_floor_runs_apply_the_floor_and_the_probe_on_one_bed(tmp_path: Path, apt_repo: AptRepo) -> None:
+    """benchmarks/apply_floor.py on 1 node x 2 problem-case containers: both applies fixed every target,
+    the floor ran exactly the recorded scripts (their exit statuses checked inside) through as many
+    `pct exec` calls as fleetfix made, and the ratios came back. How long anything took is not asserted."""
+    from benchmarks.apply_floor import ratios, render, run_bed
+
+    rows = {row.run: row for row in run_bed(tmp_path, 1, 2, 0, repo_url=apt_repo.base_url)}
+    assert list(rows) == ["apply-change", "apply-noop", "probe", "floor-noop", "floor-change"]
+    for row in rows.values():
+        assert (row.ok, row.targets) == (2, 2), row
+        assert row.wall_s > 0 and row.cpu_s > 0 and row.maxrss_kib > 0
+    assert rows["apply-change"].detail["statuses"] == ["changed"]
+    assert rows["apply-noop"].detail["statuses"] == ["ok"]
+    for kind in ("change", "noop"):
+        apply, floor = rows[f"apply-{kind}"], rows[f"floor-{kind}"]
+        assert floor.scripts == apply.scripts > 0
+        assert floor.detail["pct_execs"] == apply.detail["pct_execs"]  # the same scripts, plus the facts
+        assert floor.node_cpu_s is not None and floor.node_cpu_s > 0
+        assert apply.node_cpu_s is not None and apply.node_cpu_s > 0  # what the node's sshd reaped
+    assert rows["apply-noop"].scripts < rows["apply-change"].scripts
+    assert set(ratios(list(rows.values()))) == {"apply-change / floor-change (target <= 1.15 wall)",
+                                                 "apply-noop / probe (target <= 1.5 wall)",
+                                                 "apply-noop / floor-noop"}
+    assert "ratios (wall, controller CPU):" in render(list(rows.values()), nodes=1, cts=2, rtt_ms=0)
+
+
+def test_thousand_nodes_mode_gives_every_node_its_own_address_and_host_key_entry(tmp_path: Path) -> None:
+    """benchmarks/thousand_nodes.py on 6 nodes x 2 containers: one sshd configuration behind six loopback
+    addresses, each connection authenticated by its own `sshd -i`, fleetfix and the paramiko reference
+    probing every target under a 1024-descriptor limit, threads and descriptors sampled. A wrong host key
+    for one address fails that node alone: the check is per address."""
+    from benchmarks.thousand_nodes import ManyAddressSshd, render, run_tool
+    from tests.lab.sshd import keygen
+
+    bed = ManyAddressSshd(tmp_path, 6, 2)
+    try:
+        assert len(set(bed.addresses)) == 6 and all(a.startswith("127.1.") for a in bed.addresses)
+        runs = [run_tool(bed, tool, 2, 4, tmp_path, nofile=1024, connect_timeout=30)
+                for tool in ("fleetfix", "paramiko")]
+        for run in runs:
+            assert (run.ok, run.targets) == (12, 12), run
+            assert run.returncode in (0, 3, 4), run  # probe: 3 and 4 say what the recorded outputs hold
+            assert run.connections == 6 and run.nofile == 1024
+            assert run.cpu_s > 0 and run.maxrss_kib > 0 and run.peak_threads > 0 and run.peak_fds > 0
+        assert "fleetfix / paramiko reference CPU per node" in render(runs)
+        lines = bed.known_hosts(tmp_path / "known_hosts").read_text().splitlines()
+        other_key = " ".join(keygen(tmp_path / "other_key", "other").split()[:2])
+        lines[0] = f"{lines[0].split()[0]} {other_key}"  # the first node's entry: another key
+
+        def wrong_first_key(path: Path) -> Path:
+            path.write_text("\n".join(lines) + "\n")
+            return path
+
+        bed.known_hosts = wrong_first_key  # type: ignore[method-assign]
+        [checked] = [run_tool(bed, "fleetfix", 2, 4, tmp_path, nofile=1024, connect_timeout=30)]
+        assert checked.ok == 10, checked
+        assert f"REMOTE HOST IDENTIFICATION HAS CHANGED for [{bed.addresses[0]}]:{bed.port}" in checked.error
+    finally:
+        bed.close()

@@ -338,3 +338,42 @@ def test_an_interrupt_starts_no_more_staged_targets_and_lets_the_started_finish(
     assert [o.status for o in outcomes] == ["ok", "ok", "failed", "failed", "failed", "failed"]
     assert batch.fed == [100, 101]
     assert str(outcomes[2].error) == "interrupted: not started"
+
+
+def test_a_run_raises_the_soft_descriptor_limit_to_what_its_nodes_need() -> None:
+    """Every node's connection stays open for the run: 200 nodes under a soft limit of 300 would fail
+    nodes midway with EMFILE. The run raises the soft limit (up to the hard one) before dialling."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1000:
+        pytest.skip(f"the hard RLIMIT_NOFILE here is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    try:
+        targets = [target for index in range(200) for target in targets_on(f"n{index}", [100])]
+        outcomes = Fleet(connect=FakeConnector()).map(targets, echo)
+        assert all(outcome.ok for outcome in outcomes)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (2 * 200 + 256, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_hard_descriptor_limit_too_low_is_refused_before_any_node_is_dialled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import resource
+
+    from fleetfix.errors import ConfigError
+
+    monkeypatch.setattr(resource, "getrlimit", lambda _which: (300, 500))
+    connector = FakeConnector()
+    fleet = Fleet(connect=connector)
+    targets = [target for index in range(200) for target in targets_on(f"n{index}", [100])]
+    for start in (lambda: fleet.start_connecting(targets), lambda: fleet.map(targets, echo)):
+        with pytest.raises(ConfigError) as refused:
+            start()
+        assert str(refused.value) == (
+            "200 nodes need about 656 open files, and this process may open at most 500 (RLIMIT_NOFILE, "
+            "hard limit): raise it (`ulimit -n 656` as root, or LimitNOFILE=656 in the service's systemd "
+            "unit), or run on fewer nodes at once with --limit")
+    assert not connector.attempts
