@@ -13,7 +13,7 @@ import os
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,9 +74,19 @@ def compile_fleetfix() -> None:
     compileall.compile_dir(Path(__file__).resolve().parents[1] / "fleetfix", quiet=1)
 
 
+@dataclass(frozen=True)
+class Watch:
+    """More of the child than measure() takes by itself: before_exec runs in the child before its program
+    (e.g. a resource limit), sample(pid) at every sampling interval beside the tree's RSS."""
+
+    before_exec: Callable[[], None] | None = None
+    sample: Callable[[int], None] | None = None
+    interval: float = SAMPLE_INTERVAL  # seconds between samples
+
+
 def measure(
     argv: Sequence[str], *, env: Mapping[str, str] | None = None, cwd: Path | None = None,
-    timeout: float = 1800.0, stdin: int | None = subprocess.DEVNULL,
+    timeout: float = 1800.0, stdin: int | None = subprocess.DEVNULL, watch: Watch = Watch(),
 ) -> Measured:
     """Run argv to completion; its wall time, CPU and RSS as above. Output is captured to files, not pipes,
     so a chatty tool never blocks on us."""
@@ -84,14 +94,16 @@ def measure(
     with open(f"{out_path}.out", "wb+") as out, open(f"{out_path}.err", "wb+") as err:
         started = time.monotonic()
         process = subprocess.Popen(list(argv), env=dict(env) if env is not None else None, cwd=cwd,
-                                   stdin=stdin, stdout=out, stderr=err)
+                                   stdin=stdin, stdout=out, stderr=err, preexec_fn=watch.before_exec)
         peak = 0
         done = threading.Event()
 
         def sample() -> None:
             nonlocal peak
-            while not done.wait(SAMPLE_INTERVAL):
+            while not done.wait(watch.interval):
                 peak = max(peak, _tree_rss_kib(process.pid))
+                if watch.sample is not None:
+                    watch.sample(process.pid)
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()

@@ -33,14 +33,13 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from benchmarks.fleet_probe import _python_env
-from benchmarks.measure import compile_fleetfix
+from benchmarks.measure import Measured, Watch, compile_fleetfix, measure
 from benchmarks.scale import SCALE_PCT, record_outputs
 from tests.lab.bed import Lab
 
@@ -161,51 +160,33 @@ class Run:
         return 1000 * self.cpu_s / max(1, self.nodes)
 
 
-def _peak_sampler(pid: int, peaks: dict[str, int], done: threading.Event) -> None:
-    while not done.wait(SAMPLE_INTERVAL):
-        try:
-            status = Path(f"/proc/{pid}/status").read_text()
-            fds = len(os.listdir(f"/proc/{pid}/fd"))
-        except OSError:
-            continue
-        threads = re.search(r"^Threads:\s+(\d+)", status, re.M)
-        rss = re.search(r"^VmRSS:\s+(\d+)", status, re.M)
-        if threads is None or rss is None:  # exited, not yet reaped: a zombie has no memory lines
-            continue
-        peaks["threads"] = max(peaks["threads"], int(threads.group(1)))
-        peaks["fds"] = max(peaks["fds"], fds)
-        peaks["rss_kib"] = max(peaks["rss_kib"], int(rss.group(1)))
+def _sample_peaks(pid: int, peaks: dict[str, int]) -> None:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        fds = len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return
+    threads = re.search(r"^Threads:\s+(\d+)", status, re.M)
+    rss = re.search(r"^VmRSS:\s+(\d+)", status, re.M)
+    if threads is None or rss is None:  # exited, not yet reaped: a zombie has no memory lines
+        return
+    peaks["threads"] = max(peaks["threads"], int(threads.group(1)))
+    peaks["fds"] = max(peaks["fds"], fds)
+    peaks["rss_kib"] = max(peaks["rss_kib"], int(rss.group(1)))
 
 
-def run_measured(argv: Sequence[str], cwd: Path, nofile: int, timeout: float) -> tuple[Any, ...]:
-    """argv under RLIMIT_NOFILE soft = nofile: (returncode, wall, cpu, maxrss KiB, peaks, stdout, stderr)."""
+def run_measured(argv: Sequence[str], cwd: Path, nofile: int,
+                 timeout: float) -> tuple[Measured, dict[str, int]]:
+    """argv under RLIMIT_NOFILE soft = nofile: what measure() says, and its process's peak threads, open
+    descriptors and RSS (KiB)."""
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(nofile, hard), hard))
 
-    with open(cwd / "out", "wb+") as out, open(cwd / "err", "wb+") as err:
-        started = time.monotonic()
-        process = subprocess.Popen(list(argv), cwd=cwd, env=_python_env(), stdin=subprocess.DEVNULL,
-                                   stdout=out, stderr=err, preexec_fn=limit)
-        peaks = {"threads": 0, "fds": 0, "rss_kib": 0}
-        done = threading.Event()
-        sampler = threading.Thread(target=_peak_sampler, args=(process.pid, peaks, done), daemon=True)
-        sampler.start()
-        killer = threading.Timer(timeout, process.kill)
-        killer.start()
-        try:
-            _, status, usage = os.wait4(process.pid, 0)
-        finally:
-            killer.cancel()
-            done.set()
-            sampler.join()
-        wall = time.monotonic() - started
-        process.returncode = os.waitstatus_to_exitcode(status)
-        out.seek(0)
-        err.seek(0)
-        return (process.returncode, wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss, peaks,
-                out.read().decode(errors="replace"), err.read().decode(errors="replace"))
+    peaks = {"threads": 0, "fds": 0, "rss_kib": 0}
+    watch = Watch(before_exec=limit, sample=lambda pid: _sample_peaks(pid, peaks), interval=SAMPLE_INTERVAL)
+    return measure(argv, env=_python_env(), cwd=cwd, timeout=timeout, watch=watch), peaks
 
 
 def run_tool(bed: ManyAddressSshd, tool: str, cts: int, forks: int, work: Path, *, nofile: int,
@@ -230,7 +211,9 @@ def run_tool(bed: ManyAddressSshd, tool: str, cts: int, forks: int, work: Path, 
         (rundir / "spec.json").write_text(json.dumps(spec))
         argv = [sys.executable, "-m", "benchmarks.paramiko_ref", str(rundir / "spec.json")]
     accepted, load = bed.accepted(), os.getloadavg()[0]
-    rc, wall, cpu, maxrss, peaks, stdout, stderr = run_measured(argv, rundir, nofile, timeout=1800)
+    measured, peaks = run_measured(argv, rundir, nofile, timeout=1800)
+    rc, wall, cpu, maxrss, stdout, stderr = (measured.returncode, measured.wall_s, measured.cpu_s,
+                                             measured.maxrss_kib, measured.stdout, measured.stderr)
     ok, error = 0, ""
     try:
         if tool == "fleetfix":
