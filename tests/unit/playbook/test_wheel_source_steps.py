@@ -25,8 +25,9 @@ from fleetfix.target import Target
 from fleetfix.transport.local import LocalTransport
 from fleetfix.wheels.cache import WheelCache
 from fleetfix.wheels.source import SourceRefused, Sources
-from tests.unit.playbook.conftest import StandInFleet, make_target, playbook_from
+from tests.unit.playbook.conftest import StandInFleet, playbook_from
 from tests.unit.playbook.test_transfer_and_wheel_steps import ListRecorder
+from tests.unit.playbook.test_wheel_trust_steps import hosts
 
 BOOK = """\
 name: sources
@@ -63,16 +64,6 @@ steps:
       install: cp "$FLEETFIX_WHEEL" {{ site }}/{{ item }}
       verify: test -s {{ site }}/{{ item }}
 """
-
-
-def hosts(tmp_path: Path, *names: str, **extra: str) -> list[Target]:
-    (tmp_path / "builds").mkdir(exist_ok=True)
-    made = []
-    for name in names:
-        site = tmp_path / "sites" / name
-        site.mkdir(parents=True)
-        made.append(make_target(name, None, site=str(site), builds=str(tmp_path / "builds"), **extra))
-    return made
 
 
 def sdist(folder: Path, content: bytes, name: str = "demo_ext-1.0.tar.gz") -> Path:
