@@ -23,6 +23,11 @@ def _id(guest: GuestRef) -> str:
     return str(guest.id) if guest.id is not None else "<id>"
 
 
+def _where(guest: GuestRef) -> str:
+    """Where a VM's or this machine's own fix is done: inside it (a container's are done on its node)."""
+    return "in the VM" if guest.kind == VM else "on this machine"
+
+
 def driver_owner(guest: GuestRef) -> str:
     """Whose NVIDIA driver serves the target's GPU, for a summary: a container's is its node's."""
     return "the VM's driver" if guest.kind == VM else "host driver"
@@ -60,7 +65,7 @@ def driver_libs_hint(guest: GuestRef, want: str) -> str:
     # A VM or a machine of its own loads its own kernel module: libraries and module come from one driver
     # install there, and an upgraded driver's module is loaded only at the next boot.
     reboot = f"reboot the VM (qm reboot {_id(guest)})" if guest.kind == VM else "reboot this machine"
-    where = "in the VM" if guest.kind == VM else "on this machine"
+    where = _where(guest)
     return (f"{where}, the loaded kernel module and the userspace libraries must be one driver version: "
             f"after a driver upgrade, {reboot} to load the new module; otherwise reinstall one driver "
             "version (module and libraries together)")
@@ -72,7 +77,7 @@ def open_module_hint(guest: GuestRef) -> str:
         return ("on the node, install the same driver version's open flavor (from NVIDIA's repo: "
                 "nvidia-open; the .run file: --kernel-module-type=open) and reboot; the container needs no "
                 "change")
-    where = "in the VM" if guest.kind == VM else "on this machine"
+    where = _where(guest)
     return (f"{where}, install the same driver version's open flavor (from NVIDIA's repo: nvidia-open; "
             "the .run file: --kernel-module-type=open) and reboot")
 
@@ -103,7 +108,7 @@ def passthrough_partial_hint(guest: GuestRef) -> str:
                 "create=file, or devN:) and allow nvidia-uvm's major, which is dynamic (ls -l "
                 f"/dev/nvidia-uvm on the node); then restart the container (pct reboot {ident})")
     # In a VM or on a machine of its own the device nodes are the local driver's, not a passthrough's.
-    where = "in the VM" if guest.kind == VM else "on this machine"
+    where = _where(guest)
     return (f"{where}, the driver itself creates these device nodes: as root, nvidia-modprobe -c 0 loads "
             "the nvidia module and creates /dev/nvidia0 and /dev/nvidiactl, nvidia-modprobe -u -c 0 loads "
             "nvidia-uvm and creates /dev/nvidia-uvm; if that fails, see dmesg for why the module does not "
@@ -115,7 +120,7 @@ def cuda_unavailable_hint(guest: GuestRef) -> str:
         return ("on the node, compare `ls -l /dev/nvidia*` (majors: 195 for nvidia*, nvidia-uvm's is "
                 "dynamic) with the container's lxc.cgroup2.devices.allow lines: each major must be allowed "
                 f"(c MAJOR:* rwm); then restart the container (pct reboot {_id(guest)})")
-    where = "in the VM" if guest.kind == VM else "on this machine"
+    where = _where(guest)
     return (f"{where}, the driver cannot use the GPU although its device nodes exist: see nvidia-smi's error "
             "and the kernel log (dmesg | grep -i nvrm)")
 
