@@ -249,6 +249,9 @@ def _model_at(annotation: Any, loc: Loc) -> type[BaseModel] | None:
         if annotation is None:
             return None
     model = _unwrap(annotation)
+    if typing.get_origin(model) in (typing.Union, types.UnionType):  # an optional section: Model | None
+        model = next((arm for arm in typing.get_args(model)
+                      if isinstance(arm, type) and issubclass(arm, BaseModel)), None)
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 

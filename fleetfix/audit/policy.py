@@ -11,6 +11,8 @@ per group, tag or target name. YAML, validated by pydantic (unknown keys are err
         required_extensions: [flash_attn, causal_conv1d, fla]
     max_age:
       unreachable_days: 3          # a target not probed successfully for 3 days gets STALE_AUDIT (error)
+    notify:                        # who hears of new and resolved problems (fleetfix.audit.notify)
+      webhook: {url: "@env:FLEETFIX_WEBHOOK_URL"}
 
 Without a file, DEFAULT_POLICY applies: every finding keeps the severity its rule gives it (rules.py
 chose those for exactly this: error = a training run breaks or an install fails, warning = slow or
@@ -31,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from fleetfix.audit.model import ALL_CODES, STALE_AUDIT, TargetResult
+from fleetfix.audit.notify import NotifyConfig
 from fleetfix.errors import ConfigError
 from fleetfix.probe import Finding, Fix, Severity
 from fleetfix.probe.run import TargetReport
@@ -98,6 +101,9 @@ class Policy(BaseModel):
     required_extensions: list[str] = Field(default_factory=list)
     rules: list[Rule] = Field(default_factory=list)
     max_age: MaxAge = Field(default_factory=MaxAge)
+    # Who hears of the changes (fleetfix.audit.notify). Excluded from the document a run records: where
+    # the news goes is no part of how the targets are judged, and changing it is no policy change.
+    notify: NotifyConfig | None = Field(default=None, exclude=True)
     source: str = Field(default="built-in default", exclude=True)
 
     _codes = field_validator("severity")(_known_codes)

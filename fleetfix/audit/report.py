@@ -24,6 +24,7 @@ from fleetfix.audit.dashboard import build_dashboard
 from fleetfix.audit.dashboard import when as short_when
 from fleetfix.audit.drift import Drift, FindingChange
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
+from fleetfix.audit.notify import notification_lines
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
 from fleetfix.paths import private_dir
 from fleetfix.probe import Finding
@@ -174,7 +175,7 @@ def text_pieces(run: AuditRun, *, verbose: bool = False) -> Iterator[str]:
     info = run.info
     yield (f"audit run {info.id} ({info.status}) started {_when(info.started)}"
            + (f", {info.duration:.1f}s" if info.duration is not None else "") + "\n")
-    for line in drift_lines(run.drift) + remediation_lines(run) + [""]:
+    for line in drift_lines(run.drift) + remediation_lines(run) + notification_lines(info.args) + [""]:
         yield line + "\n"
     width = max((len(result.target) for result in run.targets), default=6)
     for result in run.targets:

@@ -182,6 +182,18 @@ class AuditStore:
                                (json.dumps(dict(remediation), default=str), run_id))
 
     @_guarded
+    def set_notification(self, run_id: int, outcome: Mapping[str, Any]) -> None:
+        """Record what the run's notification did (fleetfix.audit.notify) in its args, as `notification`:
+        it is sent after the run is complete, so start_run could not record it."""
+        with self._lock:
+            row = self._conn.execute("SELECT args FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise ConfigError(f"run {run_id} not found", path=str(self.path))
+            args = {**json.loads(row[0] or "{}"), "notification": dict(outcome)}
+            self._conn.execute("UPDATE runs SET args = ? WHERE id = ?",
+                               (json.dumps(args, default=str), run_id))
+
+    @_guarded
     def record_target(self, run_id: int, result: TargetResult) -> None:
         """One target's result, in one transaction, committed before returning."""
         self.record_targets(run_id, (result,))

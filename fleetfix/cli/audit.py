@@ -29,7 +29,8 @@ from fleetfix.errors import ConfigError, ExitCode
 from fleetfix.inventory.request import TargetRequest
 
 if TYPE_CHECKING:
-    from fleetfix.audit import AuditStore
+    from fleetfix.audit import AuditRun, AuditStore
+    from fleetfix.audit.notify import NotifyConfig
 
 DB_HELP = "History database (default: $FLEETFIX_AUDIT_DB, else <state dir>/audit.db)."
 _DB = click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
@@ -119,6 +120,8 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
                             on_progress=lambda done: progress.advance(done.target), args=args,
                             facts=True if playbook is not None else report.facts)
+        if policy.notify is not None:  # what the audit found, before any remediation changes it
+            run = _notified(policy.notify, run, store)
         if playbook is None or remediate_path is None:
             report.emit(run)
             return run.exit_code
@@ -132,6 +135,19 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
         result = run if final is run else RemediatedAudit(run, final)
         report.emit(result)  # under the lock too: the report files are this run's
     return result.exit_code
+
+
+def _notified(config: NotifyConfig, run: AuditRun, store: AuditStore) -> AuditRun:
+    """The run after its notification (recorded in it). A failed channel is one line on stderr; the
+    exit code stays the findings' (docs/audit.md, "Notifications")."""
+    from fleetfix.audit.notify import notify_run
+    from fleetfix.terminal import safe_line
+
+    run, outcome = notify_run(config, run, store)
+    if outcome is not None and outcome.failures:
+        click.echo(f"fleetfix: warning: {safe_line(outcome.line())} (audit run {run.info.id} is recorded)",
+                   err=True)
+    return run
 
 
 @audit_group.command("history")
