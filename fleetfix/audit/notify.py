@@ -47,9 +47,8 @@ from fleetfix.secrets import Redactor, is_reference, resolve_reference
 from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
-    from fleetfix.audit import AuditRun
     from fleetfix.audit.drift import Drift
-    from fleetfix.audit.model import TargetResult
+    from fleetfix.audit.model import StoredRun, TargetResult
     from fleetfix.audit.store import AuditStore
 
 MinSeverity = Literal["error", "warning", "info"]
@@ -267,9 +266,8 @@ def _not_probed(result: TargetResult | None, name: str) -> Change:
     return Change(_clean(name), UNREACHABLE, "error", _clean(f"{status}: {error}" if error else status))
 
 
-def notice_of(run: AuditRun, config: NotifyConfig) -> Notice:
+def notice_of(run: StoredRun, drift: Drift, config: NotifyConfig) -> Notice:
     """The changes of the run's drift that the notification reports (see the module's doc)."""
-    drift: Drift = run.drift
     least = config.min_severity
     results = {result.target: result for result in run.targets}
     new: list[Change] = []
@@ -520,14 +518,11 @@ def deliver(config: NotifyConfig, notice: Notice) -> Outcome:
     return Outcome("failed" if failed else "sent", len(notice.new), len(notice.resolved), channels)
 
 
-def notify_run(config: NotifyConfig, run: AuditRun, store: AuditStore) -> tuple[AuditRun, Outcome | None]:
-    """Notify of the run's changes and record the outcome in the run; the run as recorded now. An
-    incomplete run (interrupted) is not notified of: its drift covers only the targets it got to."""
-    import dataclasses
-
+def notify_run(config: NotifyConfig, run: StoredRun, drift: Drift, store: AuditStore) -> Outcome | None:
+    """Notify of the run's changes (its drift) and record the outcome in the run. An incomplete run
+    (interrupted) is not notified of: its drift covers only the targets it got to."""
     if run.info.status != "complete":
-        return run, None
-    outcome = deliver(config, notice_of(run, config))
+        return None
+    outcome = deliver(config, notice_of(run, drift, config))
     store.set_notification(run.info.id, outcome.to_json())
-    info = dataclasses.replace(run.info, args={**run.info.args, "notification": outcome.to_json()})
-    return dataclasses.replace(run, run=dataclasses.replace(run.run, info=info)), outcome
+    return outcome

@@ -140,14 +140,19 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
 def _notified(config: NotifyConfig, run: AuditRun, store: AuditStore) -> AuditRun:
     """The run after its notification (recorded in it). A failed channel is one line on stderr; the
     exit code stays the findings' (docs/audit.md, "Notifications")."""
+    import dataclasses
+
     from fleetfix.audit.notify import notify_run
     from fleetfix.terminal import safe_line
 
-    run, outcome = notify_run(config, run, store)
-    if outcome is not None and outcome.failures:
+    outcome = notify_run(config, run.run, run.drift, store)
+    if outcome is None:
+        return run
+    if outcome.failures:
         click.echo(f"fleetfix: warning: {safe_line(outcome.line())} (audit run {run.info.id} is recorded)",
                    err=True)
-    return run
+    info = dataclasses.replace(run.info, args={**run.info.args, "notification": outcome.to_json()})
+    return dataclasses.replace(run, run=dataclasses.replace(run.run, info=info))
 
 
 @audit_group.command("history")

@@ -58,6 +58,10 @@ def _config(*, port: int | None = None, ca_file: Path | None = None, hook: bool 
     return NotifyConfig.model_validate(data)
 
 
+def _notice_of(run: AuditRun, config: NotifyConfig) -> Notice:
+    return notice_of(run.run, run.drift, config)
+
+
 def _audit_run(*results: TargetResult, baseline: StoredRun | None = None) -> AuditRun:
     stored = StoredRun(RunInfo(id=7, started=0.0, finished=1.0, status="complete"), results)
     return AuditRun(stored, compute_drift(baseline, stored))
@@ -111,18 +115,18 @@ def test_only_changes_are_sent_new_resolved_and_the_first_run_once(tmp_path: Pat
     targets = [make_target("pve1", 200), make_target("pve1", 201)]
     config = _config(min_severity="error")
     with AuditStore(tmp_path / "a.db") as store, world.fleet() as fleet:
-        first = notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config)
+        first = _notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config)
         # A fresh history: the problems there are are new, once.
         assert first.first_run and first.new and {c.target for c in first.new} == {"pve1/201"}
         assert all(c.severity == "error" for c in first.new) and not first.resolved
-        assert notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config).empty
+        assert _notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config).empty
         world.cts[200] = edited("healthy", interrupt_dpkg)
-        broken = notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config)
+        broken = _notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config)
         assert [(c.target, c.code) for c in broken.new] == [("pve1/200", "DPKG_INTERRUPTED")]
         assert broken.subject() == "fleetfix audit: 1 new problem" and broken.baseline == 2
         world.cts[200] = "healthy"
         world.cts[201] = "stopped"
-        fixed = notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config)
+        fixed = _notice_of(run_audit(fleet, targets, policy=load_policy(None), store=store), config)
     assert [(c.target, c.code) for c in fixed.resolved] == [("pve1/200", "DPKG_INTERRUPTED")]
     assert [(c.target, c.code) for c in fixed.new] == [("pve1/201", "UNREACHABLE")]
     assert fixed.subject() == "fleetfix audit: 1 new problem, 1 resolved"
@@ -133,17 +137,17 @@ def test_min_severity_and_severity_crossing_it() -> None:
         TargetResult("a", "pve1", 1, "ok", findings=(finding("DPKG_INTERRUPTED", "warning"),)),))
     now = _audit_run(TargetResult("a", "pve1", 1, "ok", findings=(
         finding("DPKG_INTERRUPTED", "error"), finding("APT_OLD_NVIDIA_KEY", "info"))), baseline=before)
-    errors = notice_of(now, _config(min_severity="error"))
+    errors = _notice_of(now, _config(min_severity="error"))
     assert [(c.code, c.severity, c.was) for c in errors.new] == [("DPKG_INTERRUPTED", "error", "warning")]
-    assert notice_of(now, _config(min_severity="warning")).empty  # a warning already, still a problem
-    assert [c.code for c in notice_of(now, _config(min_severity="info")).new] == ["APT_OLD_NVIDIA_KEY"]
+    assert _notice_of(now, _config(min_severity="warning")).empty  # a warning already, still a problem
+    assert [c.code for c in _notice_of(now, _config(min_severity="info")).new] == ["APT_OLD_NVIDIA_KEY"]
 
 
 def test_payload_is_slack_text_plus_fields_and_guest_strings_are_sanitised() -> None:
     hostile = finding("DPKG_INTERRUPTED")
     hostile = hostile.model_copy(update={
         "summary": "dpkg broke <!channel> & `x`\r\nBcc: evil@attacker.example\x1b]52;c;ZXZpbA==\x07"})
-    notice = notice_of(_audit_run(TargetResult("pve1/201", "pve1", 201, "ok", findings=(hostile,))),
+    notice = _notice_of(_audit_run(TargetResult("pve1/201", "pve1", 201, "ok", findings=(hostile,))),
                        _config())
     payload = json.loads(json.dumps(notice.payload()))
     assert payload["run"] == 7 and payload["first_run"] is True and payload["counts"] == {"new": 1,
@@ -166,7 +170,7 @@ def test_payload_is_slack_text_plus_fields_and_guest_strings_are_sanitised() -> 
 def test_mail_headers_carry_nothing_a_target_wrote() -> None:
     hostile = finding("DPKG_INTERRUPTED").model_copy(update={
         "summary": "x\r\nBcc: evil@attacker.example\r\nSubject: pwned"})
-    notice = notice_of(_audit_run(TargetResult("pve1/201", "pve1", 201, "ok", findings=(hostile,))),
+    notice = _notice_of(_audit_run(TargetResult("pve1/201", "pve1", 201, "ok", findings=(hostile,))),
                        _config(port=25))
     config = _config(port=25).email
     assert config is not None
@@ -182,7 +186,7 @@ def test_mail_headers_carry_nothing_a_target_wrote() -> None:
 def test_a_large_change_lists_the_first_and_counts_all() -> None:
     results = tuple(TargetResult(f"t{i:04d}", "pve1", i, "ok", findings=(finding("DPKG_INTERRUPTED"),))
                     for i in range(MAX_LISTED + 5))
-    notice = notice_of(_audit_run(*results), _config())
+    notice = _notice_of(_audit_run(*results), _config())
     payload = notice.payload()
     assert payload["counts"]["new"] == MAX_LISTED + 5 and payload["truncated"] is True
     assert len(payload["targets"]) == MAX_LISTED and "... and 5 more" in payload["text"]
@@ -208,9 +212,9 @@ def test_one_webhook_and_one_mail_per_change_none_without(
         config = _config(port=mail.port, ca_file=test_ca.ca_file)
 
         def audit() -> AuditRun:
-            run, _ = notify_run(config, run_audit(fleet, targets, policy=load_policy(None), store=store),
-                                store)
-            return run
+            run = run_audit(fleet, targets, policy=load_policy(None), store=store)
+            notify_run(config, run.run, run.drift, store)
+            return load_audit(store, run.info.id)
 
         audit()  # a healthy first run: nothing to say
         assert hook.posts == [] and mail.messages == []
@@ -238,7 +242,7 @@ def test_one_webhook_and_one_mail_per_change_none_without(
 
 
 def _notice() -> Notice:
-    return notice_of(_audit_run(TargetResult("pve1/201", "pve1", 201, "ok",
+    return _notice_of(_audit_run(TargetResult("pve1/201", "pve1", 201, "ok",
                                              findings=(finding("DPKG_INTERRUPTED"),))), _config())
 
 
@@ -292,7 +296,7 @@ def test_an_unset_reference_is_a_failed_channel_not_a_failed_audit(tmp_path: Pat
     world = FakeWorld({200: edited("healthy", interrupt_dpkg)})
     with AuditStore(tmp_path / "a.db") as store, world.fleet() as fleet:
         run = run_audit(fleet, [make_target("pve1", 200)], policy=load_policy(None), store=store)
-        run, outcome = notify_run(_config(), run, store)
+        outcome = notify_run(_config(), run.run, run.drift, store)
         assert outcome is not None and run.exit_code == 3 and run.info.status == "complete"
         assert outcome.channels == {"webhook": f"failed: webhook url @env:{HOOK_ENV}: ${HOOK_ENV} is not set"}
         assert store.info(run.info.id).args["notification"]["status"] == "failed"
