@@ -418,14 +418,19 @@ def send_email(config: EmailConfig, notice: Notice, redactor: Redactor) -> None:
 
     def submit() -> None:
         import smtplib
+        import socket
 
+        # EHLO names this machine as the kernel does: smtplib's default, socket.getfqdn(), asks the
+        # resolver (a DNS query, or a wait on one that does not answer) before a byte goes to the server.
+        name = socket.gethostname() or "localhost"
         context = _tls_context(config.ca_file) if config.encrypted else None
         try:
             smtp: smtplib.SMTP
             if config.implicit_tls:
-                smtp = smtplib.SMTP_SSL(config.host, config.port, timeout=config.timeout, context=context)
+                smtp = smtplib.SMTP_SSL(config.host, config.port, local_hostname=name,
+                                        timeout=config.timeout, context=context)
             else:
-                smtp = smtplib.SMTP(config.host, config.port, timeout=config.timeout)
+                smtp = smtplib.SMTP(config.host, config.port, local_hostname=name, timeout=config.timeout)
             with smtp:
                 smtp.ehlo()
                 if config.encrypted and not config.implicit_tls:

@@ -17,6 +17,9 @@ from tests.e2e.scenarios import healthy, problem_case
 from tests.lab.aptrepo import AptRepo
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
+from tests.lab.notifyservers import SMTP_PASSWORD, SMTP_USER, MailServer, WebhookReceiver
+from tests.lab.tlsca import TestCA
+from tests.lab.tlsca import test_ca as test_ca  # the fixture: the SMTP server's certificate
 from tests.lab.torch_stub import install_torch
 
 PLAYBOOK = "playbooks/cuda-toolkit.yaml"
@@ -25,30 +28,63 @@ TOOLKIT_CODES = {"CUDA_RUNTIME_WITHOUT_TOOLKIT", "NVIDIA_REPO_NOT_CONFIGURED"}
 
 def test_audit_reports_drift_and_its_resolution(
     lab: Lab, make_ct: Callable[..., Container], apt_repo: AptRepo, stub_cache: Path, tmp_path: Path,
+    test_ca: TestCA,
 ) -> None:
+    """Also the notifications (docs/audit.md, "Notifications"): a webhook and a mail for each change,
+    to loopback receivers, none without a change, and a failing receiver recorded in the run."""
     ct = make_ct(setup=lambda c: healthy(c, apt_repo, stub_cache))
     db = tmp_path / "audit.db"
-    audit = ["audit", *host_args(lab, None, ct.ctid), "--db", str(db)]
+    policy = tmp_path / "policy.yaml"
+    with WebhookReceiver() as hook, MailServer(test_ca) as mail:
+        policy.write_text(yaml.safe_dump({"notify": {
+            "min_severity": "error",
+            "webhook": {"url": "@env:FLEETFIX_WEBHOOK_URL", "timeout": 5},
+            "email": {"host": "127.0.0.1", "port": mail.port, "ca_file": str(test_ca.ca_file),
+                      "username": SMTP_USER, "password": "@env:SMTP_PASSWORD", "from": "fleetfix@example.org",
+                      "to": ["ops@example.org"], "timeout": 5}}}))
+        secrets = {"FLEETFIX_WEBHOOK_URL": hook.url, "SMTP_PASSWORD": SMTP_PASSWORD}
+        audit = ["audit", *host_args(lab, None, ct.ctid), "--db", str(db), "--policy", str(policy)]
 
-    first = run_cli(*audit, "--json")
-    assert first.exit_code == 0, first.stdout + first.stderr
+        first = run_cli(*audit, "--json", env=secrets)
+        assert first.exit_code == 0, first.stdout + first.stderr
+        assert hook.posts == [] and mail.messages == []  # a fresh history without problems: nothing to say
 
-    # Break it: an interrupted dpkg run (what a killed apt leaves behind).
-    ct.sh("mkdir -p /var/lib/dpkg/updates && echo 'Package: x' > /var/lib/dpkg/updates/0001")
-    junit = tmp_path / "audit.xml"
-    second = run_cli(*audit, "--json", "--junit", str(junit), "--html", str(tmp_path / "audit.html"))
-    assert second.exit_code == 3, second.stdout + second.stderr
-    assert "DPKG_INTERRUPTED" in str(second.json()["drift"]["new_findings"])
-    assert ET.parse(junit).getroot().iter("testcase")
-    assert "DPKG_INTERRUPTED" in (tmp_path / "audit.html").read_text()
+        # Break it: an interrupted dpkg run (what a killed apt leaves behind).
+        ct.sh("mkdir -p /var/lib/dpkg/updates && echo 'Package: x' > /var/lib/dpkg/updates/0001")
+        junit = tmp_path / "audit.xml"
+        second = run_cli(*audit, "--json", "--junit", str(junit), "--html", str(tmp_path / "audit.html"),
+                         env=secrets)
+        assert second.exit_code == 3, second.stdout + second.stderr
+        assert "DPKG_INTERRUPTED" in str(second.json()["drift"]["new_findings"])
+        assert ET.parse(junit).getroot().iter("testcase")
+        assert "DPKG_INTERRUPTED" in (tmp_path / "audit.html").read_text()
+        assert len(hook.posts) == 1 and len(mail.messages) == 1
+        [change] = hook.posts[0]["targets"][0]["new"]
+        assert change["code"] == "DPKG_INTERRUPTED" and change["severity"] == "error"
+        assert mail.messages[0]["Subject"] == "fleetfix audit: 1 new problem"
 
-    ct.sh("rm -f /var/lib/dpkg/updates/0001")
-    third = run_cli(*audit, "--json")
-    assert third.exit_code == 0
-    assert "DPKG_INTERRUPTED" in str(third.json()["drift"]["resolved_findings"])
+        unchanged = run_cli(*audit, "--json", env=secrets)
+        assert unchanged.exit_code == 3 and len(hook.posts) == 1 and len(mail.messages) == 1
 
+        # Fixed, while the webhook's receiver fails: the mail goes, the run says the webhook failed.
+        ct.sh("rm -f /var/lib/dpkg/updates/0001")
+        hook.status = 500
+        third = run_cli(*audit, "--json", env=secrets)
+        assert third.exit_code == 0
+        assert "DPKG_INTERRUPTED" in str(third.json()["drift"]["resolved_findings"])
+        assert len(hook.posts) == 2 and hook.posts[1]["counts"] == {"new": 0, "resolved": 1}
+        assert len(mail.messages) == 2
+        assert mail.messages[1]["Subject"] == "fleetfix audit: 0 new problems, 1 resolved"
+        [warning] = third.stderr.splitlines()
+        assert "webhook failed: 127.0.0.1: HTTP 500" in warning and "email sent" in warning
+        printed = third.stdout + third.stderr
+        assert hook.url not in printed and SMTP_PASSWORD not in printed
+
+        # Recorded in the run (`audit show` prints it: tests/unit/audit/test_audit_notify.py).
+        assert third.json()["run"]["args"]["notification"]["channels"] == {
+            "webhook": "failed: 127.0.0.1: HTTP 500 Internal Server Error", "email": "sent"}
     history = run_cli("audit", "history", "--db", str(db), "--json").json()
-    assert len(history) == 3
+    assert len(history) == 4
     with sqlite3.connect(db) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
