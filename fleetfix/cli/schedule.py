@@ -126,6 +126,11 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
         # The apply's run records (`fleetfix runs show`): where this user finds them now.
         expected["state_dir"] = _absolute(str(default_state_dir()), cwd)
         argv += ["--state-dir", expected["state_dir"]]
+    if "policy_path" in given:
+        from fleetfix.audit.policy import load_policy
+
+        # A policy (its notify: section too) that would refuse to load tonight is refused now.
+        load_policy(expected["policy_path"])
     if _parse(parser, argv).params != expected:  # the rebuilt line must mean what was given
         raise AssertionError(f"audit options {list(audit_args)} rebuilt as {argv} mean something else")
     return argv

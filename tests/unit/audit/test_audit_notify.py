@@ -300,3 +300,28 @@ def test_an_unset_reference_is_a_failed_channel_not_a_failed_audit(tmp_path: Pat
         assert outcome is not None and run.exit_code == 3 and run.info.status == "complete"
         assert outcome.channels == {"webhook": f"failed: webhook url @env:{HOOK_ENV}: ${HOOK_ENV} is not set"}
         assert store.info(run.info.id).args["notification"]["status"] == "failed"
+
+
+def test_a_scheduled_audit_carries_references_never_the_secrets(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetfix.audit.schedule import ScheduleRequest, ScheduleSpec, units
+    from fleetfix.cli.schedule import pin_audit_args
+
+    secret_url = "https://hooks.slack.com/services/T0/B0/S3CR3T"
+    monkeypatch.setenv(HOOK_ENV, secret_url)
+    env_file = tmp_path / "fleetfix.env"
+    env_file.write_text(f"{HOOK_ENV}={secret_url}\n")
+    env_file.chmod(0o600)
+    (tmp_path / "inventory.yaml").write_text("nodes: [{name: pve1, address: 127.0.0.1}]\n")
+    policy = _policy(tmp_path, f"notify:\n  webhook: {{url: '@env:{HOOK_ENV}'}}\n")
+    inventory = ["--inventory", str(tmp_path / "inventory.yaml")]
+    args = pin_audit_args([*inventory, "--policy", str(policy)], tmp_path)
+    spec = ScheduleSpec.build(ScheduleRequest(name="fleetfix-audit", audit_args=args, env_file=str(env_file)))
+    service = units(spec)["fleetfix-audit.service"]
+    assert f"--policy {policy}" in service and f"EnvironmentFile={env_file}" in service
+    assert "S3CR3T" not in service
+    # A policy whose notify: section would be refused tonight is refused at install.
+    _policy(tmp_path, f"notify:\n  webhook: {{url: '{secret_url}'}}\n")
+    with pytest.raises(ConfigError, match=r"policy.yaml:2: notify.webhook.url: .*reference") as raised:
+        pin_audit_args([*inventory, "--policy", str(policy)], tmp_path)
+    assert "S3CR3T" not in str(raised.value)
