@@ -120,11 +120,12 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
             run = run_audit(fleet, resolved, policy=policy, store=store, deep=deep,
                             on_progress=lambda done: progress.advance(done.target), args=args,
                             facts=True if playbook is not None else report.facts)
-        if policy.notify is not None:  # what the audit found, before any remediation changes it
-            run = _notified(policy.notify, run, store)
+        # What the audit found, before any remediation changes it; the re-probe run's args are the audit
+        # run's as started, without this run's notification.
+        shown = run if policy.notify is None else _notified(policy.notify, run, store)
         if playbook is None or remediate_path is None:
-            report.emit(run)
-            return run.exit_code
+            report.emit(shown)
+            return shown.exit_code
         # Steps stream on a terminal (like the probe's progress); cron and --json stay quiet.
         show_steps = sys.stdout.isatty() and not report.as_json
         remedy = Remedy(
@@ -132,7 +133,7 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
             apply=lambda chosen: roll_out(playbook, chosen, fleet, rollout, show_steps=show_steps,
                                           live_output=False))
         final = remediate_audit(run, resolved, remedy, Auditor(fleet, policy, store, deep))
-        result = run if final is run else RemediatedAudit(run, final)
+        result = shown if final is run else RemediatedAudit(shown, final)
         report.emit(result)  # under the lock too: the report files are this run's
     return result.exit_code
 
