@@ -95,7 +95,7 @@ class WebhookConfig(BaseModel):
 class EmailConfig(BaseModel):
     """An SMTP submission server: STARTTLS (or implicit TLS on port 465), certificate verified."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     host: str
     port: int = Field(default=587, ge=1, le=65535)
