@@ -346,9 +346,9 @@ def send_webhook(config: WebhookConfig, notice: Notice, redactor: Redactor) -> N
     if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
         raise NotifyError(f"url {config.url}: not an http(s) URL")
     host = parts.hostname
-    from fleetfix.wheels.httpfetch import _is_loopback
+    from fleetfix.wheels.httpfetch import is_loopback
 
-    loopback = _is_loopback(host)
+    loopback = is_loopback(host)
     if parts.scheme.lower() == "http" and not loopback:
         raise NotifyError(f"url {config.url}: https only (plain http only to a loopback receiver): the URL "
                           "carries the webhook's token")

@@ -185,7 +185,8 @@ class _WatchedHttps(urllib.request.HTTPSHandler):
                             context=self._context)  # type: ignore[attr-defined]
 
 
-def _is_loopback(host: str) -> bool:
+def is_loopback(host: str) -> bool:
+    """Whether host names this machine (localhost or a loopback address): where plain http is allowed."""
     if host == "localhost":
         return True
     try:
@@ -365,7 +366,7 @@ class Fetcher:
               watchdog: _Watchdog) -> http.client.HTTPResponse:
         handlers: list[urllib.request.BaseHandler] = [_KeepHttps(), _WatchedHttp(watchdog),
                                                       _WatchedHttps(watchdog)]
-        if _is_loopback(host):
+        if is_loopback(host):
             handlers.append(urllib.request.ProxyHandler({}))
         opener = urllib.request.build_opener(*handlers)
         url = request.full_url
