@@ -385,7 +385,7 @@ def prometheus_report(run: AuditRun) -> str:
 
 
 def prometheus_pieces(run: AuditRun) -> Iterator[str]:
-    """prometheus_report's text a line at a time (at 10,000 targets ~70,000 lines: never whole)."""
+    """prometheus_report's text a line at a time (at 10,000 targets ~80,000 lines: never whole)."""
     by_code = dict.fromkeys(ALL_CODES, 0)
     by_severity = dict.fromkeys(SEVERITIES, 0)
     for result in run.targets:
@@ -422,6 +422,37 @@ def prometheus_pieces(run: AuditRun) -> Iterator[str]:
                       [({}, len(run.drift.new_findings))])
     yield from _gauge("fleetfix_audit_resolved_findings", "Findings resolved since the baseline run.",
                       [({}, len(run.drift.resolved_findings))])
+    new_errors = new_error_findings(run.drift)
+    yield from _gauge("fleetfix_audit_target_new_error_findings",
+                      "Error-severity findings per target new since the baseline run (new, or there before "
+                      "at a lower severity).",
+                      (({"target": r.target, "node": r.node}, new_errors.get(r.target, 0))
+                       for r in run.targets))
+    yield from _gauge("fleetfix_audit_last_success_timestamp_seconds",
+                      "When the newest complete audit run (this one, else the one before it) finished "
+                      "(epoch); 0 if there is none.",
+                      [({}, last_success(run))])
+
+
+def new_error_findings(drift: Drift) -> dict[str, int]:
+    """Per target, the error-severity findings the drift calls new or raised to error. What the policy
+    alone changed is left out, as in fleetfix_audit_new_findings: the person who edited it knows."""
+    counts: dict[str, int] = {}
+    for change in (*drift.new_findings, *drift.severity_changed):
+        if change.finding.severity.value == "error" and change.previous_severity != "error":
+            counts[change.target] = counts.get(change.target, 0) + 1
+    return counts
+
+
+def last_success(run: AuditRun) -> float:
+    """When the newest complete run up to this one finished: the run itself, else the newest complete run
+    of its trend (which holds the newest complete runs before it). 0 when none is known, so that an alert
+    on its age fires rather than a NaN that compares false."""
+    if run.info.status == "complete" and run.info.finished is not None:
+        return run.info.finished
+    done = [point.finished for point in run.history.trend
+            if point.status == "complete" and point.finished is not None and point.run <= run.info.id]
+    return max(done, default=0.0)
 
 
 # ---------------------------------------------------------------- files
