@@ -25,7 +25,7 @@ from fleetfix.audit.dashboard import when as short_when
 from fleetfix.audit.drift import Drift, FindingChange
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
-from fleetfix.paths import private_dir
+from fleetfix.paths import check_shared_file, group_change_refused, private_dir
 from fleetfix.probe import Finding
 from fleetfix.terminal import safe, safe_line
 
@@ -458,16 +458,27 @@ def last_success(run: AuditRun) -> float:
 # ---------------------------------------------------------------- files
 
 
-def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
+def write_atomic(path: str | Path, text: str | Iterable[str], *, group: int | None = None,
+                 group_option: str = "--prometheus-group") -> None:
     """Write text (or its pieces, as they come: a large report is never whole in memory) to path via a
     temporary file in the same directory and a rename, so a reader (the node_exporter textfile collector,
     a web server) sees the old file or the new one, never half; nor a file cut short when producing a
-    piece fails."""
+    piece fails. The file is 0600; with a group (its option named in errors), 0640 and that group."""
     target = Path(path)
-    private_dir(target.parent)
+    if group is not None:
+        check_shared_file(target, group, group_option)
+    private_dir(target.parent, group)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if group is not None:
+                # On the open file, before a byte or the rename: the file the reader sees has had its group
+                # from the start, and a name the collector reads never has other permissions.
+                try:
+                    os.fchown(fd, -1, group)
+                except PermissionError:
+                    raise group_change_refused(group, group_option) from None
+                os.fchmod(fd, 0o640)
             if isinstance(text, str):
                 handle.write(text)
             else:
@@ -475,9 +486,10 @@ def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
                     handle.write(piece)
             handle.flush()
             os.fsync(handle.fileno())
-        # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target and
-        # its weaknesses. A collector running as another user needs an ACL or a group.
-        os.chmod(tmp, 0o600)
+        if group is None:
+            # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target
+            # and its weaknesses. A collector running as another user gets it through a group.
+            os.chmod(tmp, 0o600)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
