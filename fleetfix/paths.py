@@ -83,13 +83,14 @@ def check_shared_file(path: Path, gid: int, option: str) -> None:
     if os.geteuid() != 0 and gid != os.getegid() and gid not in os.getgroups():
         raise group_change_refused(gid, option)
     directory = path.parent
-    try:
-        info = directory.stat()
-    except FileNotFoundError:
-        return  # made 0750 with the group when the file is written
-    if info.st_uid != os.geteuid() or info.st_mode & 0o005 == 0o005:
+    while not directory.is_dir() and directory != directory.parent:
+        directory = directory.parent  # the folders under it are made 0750 with the group when it is written
+    # The file's own folder is listed (the collector reads every *.prom in it); one above is only passed.
+    need, bits = (0o5, "rx") if directory == path.parent else (0o1, "x")
+    info = directory.stat()
+    if info.st_uid != os.geteuid() or info.st_mode & need == need:
         return
-    if info.st_gid == gid and info.st_mode & 0o050 == 0o050:
+    if info.st_gid == gid and (info.st_mode >> 3) & need == need:
         return
     try:
         os.getxattr(directory, "system.posix_acl_access")
@@ -99,7 +100,7 @@ def check_shared_file(path: Path, gid: int, option: str) -> None:
             raise
     name, quoted = grp.getgrgid(gid).gr_name, shlex.quote(str(directory))
     raise ConfigError(f"{option} {name}: {directory} (mode {info.st_mode & 0o7777:04o}) keeps group {name} "
-                      f"out of it: chgrp {name} {quoted} && chmod g+rx {quoted}")
+                      f"out of it: chgrp {name} {quoted} && chmod g+{bits} {quoted}")
 
 
 def private_file(path: Path) -> None:

@@ -109,11 +109,13 @@ def test_a_user_outside_the_group_gets_one_line_with_the_fix(
 def test_a_folder_of_ours_that_keeps_the_group_out_is_named_with_its_fix(base: Path) -> None:
     folder = base / "textfile"
     folder.mkdir(mode=0o700)  # as a run without the option made it
-    fix = f"chgrp {GROUP} {folder} && chmod g+rx {folder}"
-    with pytest.raises(ConfigError) as refused:
-        write_atomic(folder / "fleetfix.prom", "x 1\n", group=GID)
-    assert str(refused.value) == (f"--prometheus-group {GROUP}: {folder} (mode 0700) keeps group {GROUP} "
-                                  f"out of it: {fix}")
+    for path, bits in ((folder / "new" / "fleetfix.prom", "x"), (folder / "fleetfix.prom", "rx")):
+        fix = f"chgrp {GROUP} {folder} && chmod g+{bits} {folder}"  # pass a folder above; list the own
+        with pytest.raises(ConfigError) as refused:
+            write_atomic(path, "x 1\n", group=GID)
+        assert str(refused.value) == (f"--prometheus-group {GROUP}: {folder} (mode 0700) keeps group {GROUP} "
+                                      f"out of it: {fix}")
+    assert not (folder / "new").exists()
     subprocess.run(["sh", "-c", fix], check=True)  # the fix it gave
     write_atomic(folder / "fleetfix.prom", "x 1\n", group=GID)
     assert read_as_nobody(folder / "fleetfix.prom", GROUP).stdout == "x 1\n"
