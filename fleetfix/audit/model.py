@@ -121,6 +121,7 @@ class TrendPoint:
     status: str
     parent: int | None
     counts: dict[str, int]
+    finished: float | None = None  # None: not finished (an incomplete run)
 
     def count(self, *healths: str) -> int:
         return sum(self.counts.get(health, 0) for health in healths)

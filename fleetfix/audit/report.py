@@ -26,7 +26,7 @@ from fleetfix.audit.drift import Drift, FindingChange
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
 from fleetfix.audit.notify import notification_lines
 from fleetfix.audit.remediate import NOTHING_TO_DO, Remediation
-from fleetfix.paths import private_dir
+from fleetfix.paths import check_shared_file, group_change_refused, private_dir
 from fleetfix.probe import Finding
 from fleetfix.terminal import safe, safe_line
 
@@ -386,7 +386,7 @@ def prometheus_report(run: AuditRun) -> str:
 
 
 def prometheus_pieces(run: AuditRun) -> Iterator[str]:
-    """prometheus_report's text a line at a time (at 10,000 targets ~70,000 lines: never whole)."""
+    """prometheus_report's text a line at a time (at 10,000 targets ~80,000 lines: never whole)."""
     by_code = dict.fromkeys(ALL_CODES, 0)
     by_severity = dict.fromkeys(SEVERITIES, 0)
     for result in run.targets:
@@ -423,21 +423,63 @@ def prometheus_pieces(run: AuditRun) -> Iterator[str]:
                       [({}, len(run.drift.new_findings))])
     yield from _gauge("fleetfix_audit_resolved_findings", "Findings resolved since the baseline run.",
                       [({}, len(run.drift.resolved_findings))])
+    new_errors = new_error_findings(run.drift)
+    yield from _gauge("fleetfix_audit_target_new_error_findings",
+                      "Error-severity findings per target new since the baseline run (new, or there before "
+                      "at a lower severity).",
+                      (({"target": r.target, "node": r.node}, new_errors.get(r.target, 0))
+                       for r in run.targets))
+    yield from _gauge("fleetfix_audit_last_success_timestamp_seconds",
+                      "When the newest complete audit run (this one, else the one before it) finished "
+                      "(epoch); 0 if there is none.",
+                      [({}, last_success(run))])
+
+
+def new_error_findings(drift: Drift) -> dict[str, int]:
+    """Per target, the error-severity findings the drift calls new or raised to error. What the policy
+    alone changed is left out, as in fleetfix_audit_new_findings: the person who edited it knows."""
+    counts: dict[str, int] = {}
+    for change in (*drift.new_findings, *drift.severity_changed):
+        if change.finding.severity.value == "error" and change.previous_severity != "error":
+            counts[change.target] = counts.get(change.target, 0) + 1
+    return counts
+
+
+def last_success(run: AuditRun) -> float:
+    """When the newest complete run up to this one finished: the run itself, else the newest complete run
+    of its trend (which holds the newest complete runs before it). 0 when none is known, so that an alert
+    on its age fires rather than a NaN that compares false."""
+    if run.info.status == "complete" and run.info.finished is not None:
+        return run.info.finished
+    done = [point.finished for point in run.history.trend
+            if point.status == "complete" and point.finished is not None and point.run <= run.info.id]
+    return max(done, default=0.0)
 
 
 # ---------------------------------------------------------------- files
 
 
-def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
+def write_atomic(path: str | Path, text: str | Iterable[str], *, group: int | None = None,
+                 group_option: str = "--prometheus-group") -> None:
     """Write text (or its pieces, as they come: a large report is never whole in memory) to path via a
     temporary file in the same directory and a rename, so a reader (the node_exporter textfile collector,
     a web server) sees the old file or the new one, never half; nor a file cut short when producing a
-    piece fails."""
+    piece fails. The file is 0600; with a group (its option named in errors), 0640 and that group."""
     target = Path(path)
-    private_dir(target.parent)
+    if group is not None:
+        check_shared_file(target, group, group_option)
+    private_dir(target.parent, group)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            if group is not None:
+                # On the open file, before a byte or the rename: the file the reader sees has had its group
+                # from the start, and a name the collector reads never has other permissions.
+                try:
+                    os.fchown(fd, -1, group)
+                except PermissionError:
+                    raise group_change_refused(group, group_option) from None
+                os.fchmod(fd, 0o640)
             if isinstance(text, str):
                 handle.write(text)
             else:
@@ -445,9 +487,10 @@ def write_atomic(path: str | Path, text: str | Iterable[str]) -> None:
                     handle.write(piece)
             handle.flush()
             os.fsync(handle.fileno())
-        # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target and
-        # its weaknesses. A collector running as another user needs an ACL or a group.
-        os.chmod(tmp, 0o600)
+        if group is None:
+            # 0600 whatever the umask (mkstemp's mode; said again for clarity): a report names every target
+            # and its weaknesses. A collector running as another user gets it through a group.
+            os.chmod(tmp, 0o600)
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -483,14 +483,15 @@ class AuditStore:
         not), oldest first. Incomplete runs are left out: a killed audit's few targets read as a dip."""
         with self._lock:
             runs = self._conn.execute(
-                "SELECT id, started, status, parent, counts FROM runs"
+                "SELECT id, started, status, parent, counts, finished FROM runs"
                 " WHERE id <= ? AND (status = 'complete' OR id = ?) ORDER BY id DESC LIMIT ?",
                 (run_id, run_id, limit),
             ).fetchall()
             points = [TrendPoint(run=int(run), started=float(started), status=status,
                                  parent=None if parent is None else int(parent),
-                                 counts=self._counts(int(run), counts))
-                      for run, started, status, parent, counts in reversed(runs)]
+                                 counts=self._counts(int(run), counts),
+                                 finished=None if finished is None else float(finished))
+                      for run, started, status, parent, counts, finished in reversed(runs)]
         return points
 
     def _counts(self, run_id: int, stored: str | None) -> dict[str, int]:

@@ -74,7 +74,8 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
     \b
     Exit codes: 0 healthy, 3 error findings, 4 unreachable targets, 2 bad input.
     Examples:
-      fleetfix audit -i inventory.yaml --policy policy.yaml --prometheus /var/lib/prometheus/fleetfix.prom
+      fleetfix audit -i inventory.yaml --policy policy.yaml \\
+          --prometheus /var/lib/prometheus/node-exporter/fleetfix.prom --prometheus-group prometheus
       fleetfix audit -i inventory.yaml --remediate playbooks/cuda-toolkit.yaml --check
       fleetfix audit history
       fleetfix audit show last --html report.html
@@ -100,6 +101,7 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
     policy_path, db, deep, remediate_path = choice.policy_path, choice.db, choice.deep, choice.remediate_path
     if remediate_path is None and rollout.given():
         raise ConfigError(f"{', '.join(rollout.given())}: these apply options need --remediate PLAYBOOK")
+    report.file_groups()  # --prometheus-group: a group the file cannot get fails now, not after the audit
     policy = load_policy(policy_path)
     # Load the playbook and vars before probing anything: a typo fails now, not after the audit.
     playbook = load_playbook(remediate_path) if remediate_path else None

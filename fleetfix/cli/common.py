@@ -25,6 +25,7 @@ import click
 from fleetfix.cli.collector import start_up_done
 from fleetfix.errors import ConfigError, ExitCode, FleetfixError
 from fleetfix.inventory.request import TargetRequest
+from fleetfix.paths import check_shared_file, group_id
 from fleetfix.reports import TEXT, FactsNeed, ReportFormat, facts_needed, formats_for, write_report
 from fleetfix.secrets import is_reference, resolve_reference
 from fleetfix.terminal import safe_line
@@ -395,6 +396,7 @@ class ReportChoice:
 
     stdout: ReportFormat = TEXT
     files: tuple[tuple[ReportFormat, str], ...] = ()
+    groups: tuple[tuple[ReportFormat, str], ...] = ()  # --NAME-group GROUP, as given
 
     @property
     def facts(self) -> FactsNeed:
@@ -412,11 +414,27 @@ class ReportChoice:
         network work is under way (fleetfix.importahead)."""
         return tuple(dict.fromkeys(f.module for f in (self.stdout, *(f for f, _ in self.files))))
 
+    def file_groups(self) -> dict[str, int]:
+        """Each file's group (ReportFormat.group) by format name, checked as far as can be before the
+        report is written: the group exists, this user may give files to it, it may read them there.
+        A command calls it before its work, so that a mistake fails before the audit, not after it."""
+        paths = {report_format.name: path for report_format, path in self.files}
+        groups = {}
+        for report_format, name in self.groups:
+            option = f"--{report_format.name}-group"
+            if report_format.name not in paths:
+                raise ConfigError(f"{option} {name}: needs --{report_format.name} FILE")
+            groups[report_format.name] = gid = group_id(name, option)
+            check_shared_file(Path(paths[report_format.name]), gid, option)
+        return groups
+
     def emit(self, run: Any, **options: Any) -> None:
         """Write the file reports, then print the stdout report. A reader that went away (`| head`)
         is not the command's failure: the rest of the output is dropped and its exit code stands."""
+        groups = self.file_groups()
         for report_format, path in self.files:
-            write_report(path, report_format.pieces(run, **options))
+            write_report(path, report_format.pieces(run, **options), group=groups.get(report_format.name),
+                         group_option=f"--{report_format.name}-group")
         try:
             for piece in self.stdout.pieces(run, **options):
                 sys.stdout.write(piece)
@@ -444,13 +462,20 @@ def report_options(kind: str) -> Callable[[F], F]:
             chosen = [(f, kwargs.pop(f"report_{f.name}")) for f in formats]
             stdout = next((f for f, value in chosen if value and not f.to_file), TEXT)
             files = tuple((f, str(value)) for f, value in chosen if value and f.to_file)
-            return func(*args, report=ReportChoice(stdout, files), **kwargs)
+            groups = tuple((f, str(value)) for f, value in
+                           ((f, kwargs.pop(f"report_{f.name}_group")) for f in formats if f.group) if value)
+            return func(*args, report=ReportChoice(stdout, files, groups), **kwargs)
 
         options = [
             click.option(f"--{f.name}", f"report_{f.name}", type=click.Path(dir_okay=False), default=None,
                          help=f.help) if f.to_file
             else click.option(f"--{f.name}", f"report_{f.name}", is_flag=True, help=f.help)
             for f in formats
+        ] + [
+            click.option(f"--{f.name}-group", f"report_{f.name}_group", metavar="GROUP", default=None,
+                         help=f"Make the --{f.name} file 0640 with this group (default: 0600): for a reader "
+                              f"running as another user (node_exporter).")
+            for f in formats if f.group
         ]
         return _decorate(cast(F, wrapper), options)
 

@@ -86,7 +86,8 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
     fails now), every path absolute and checked, the implicit inventory and run-record folder named.
     ConfigError names the first problem."""
     from fleetfix.inventory.load import resolve_inventory_path
-    from fleetfix.paths import default_state_dir
+    from fleetfix.paths import default_state_dir, group_id
+    from fleetfix.reports import FORMATS
 
     parser = _audit_parser()
     ctx = _parse(parser, audit_args)
@@ -117,6 +118,13 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
         else:
             argv += [option, str(value)]
     given = {name for name in ctx.params if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE}
+    for report_format in FORMATS:  # a group that does not exist here would fail tonight
+        group = ctx.params.get(f"report_{report_format.name}_group")
+        if report_format.group and group:
+            option = f"audit option --{report_format.name}-group"
+            if not ctx.params.get(f"report_{report_format.name}"):
+                raise ConfigError(f"{option} {group}: needs --{report_format.name} FILE")
+            group_id(group, option)
     if not {"inventory", "host"} & given:
         # What the audit would read now ($FLEETFIX_INVENTORY, else ./inventory.yaml), which neither the
         # unit's environment nor its working directory would give it.

@@ -41,6 +41,9 @@ class ReportFormat:
     # them. False: none; True: all; "module:function": a projection of each target's facts to the few
     # it shows (the HTML report's version matrix), named so that listing formats imports nothing.
     facts: bool | str = False
+    # A file format a collector running as another user reads (node_exporter): its `--NAME-group GROUP`
+    # option makes the file 0640 with that group instead of 0600.
+    group: bool = False
 
     @property
     def module(self) -> str:
@@ -85,7 +88,7 @@ FORMATS: tuple[ReportFormat, ...] = (
                  facts="fleetfix.audit.dashboard:matrix_facts"),
     ReportFormat("junit", "Write JUnit XML.", "fleetfix.reports.audit:junit", AUDITS, True),
     ReportFormat("prometheus", "Write node_exporter textfile metrics (atomically).",
-                 "fleetfix.reports.audit:prometheus", AUDITS, True),
+                 "fleetfix.reports.audit:prometheus", AUDITS, True, group=True),
 )
 
 
@@ -94,12 +97,14 @@ def formats_for(kind: str) -> list[ReportFormat]:
     return [report_format for report_format in FORMATS if report_format.renders(kind)]
 
 
-def write_report(path: str, text: str | Iterable[str]) -> None:
+def write_report(path: str, text: str | Iterable[str], *, group: int | None = None,
+                 group_option: str = "") -> None:
     """A report file, replaced atomically: a reader (a web server, node_exporter) sees old or new. The
-    text may come in pieces (ReportFormat.pieces), each written as it comes."""
+    text may come in pieces (ReportFormat.pieces), each written as it comes. 0600, or 0640 with a group
+    (from the option group_option)."""
     from fleetfix.audit.report import write_atomic
 
-    write_atomic(path, text)
+    write_atomic(path, text, group=group, group_option=group_option)
 
 
 __all__ = ["FORMATS", "TEXT", "FactsNeed", "FactsProjection", "ReportFormat", "facts_needed", "formats_for",

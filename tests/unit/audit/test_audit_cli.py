@@ -132,6 +132,22 @@ def test_remediate_options_are_checked_before_anything_is_probed(
         assert store.runs() == []
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (["--prometheus", "m.prom", "--prometheus-group", "no-such-group"],
+     "fleetfix: error: --prometheus-group 'no-such-group': no such group on this host "
+     "(getent group no-such-group)"),
+    (["--prometheus-group", "daemon"], "fleetfix: error: --prometheus-group daemon: needs --prometheus FILE"),
+])
+def test_the_textfile_group_is_checked_before_anything_is_probed(
+    tmp_path: Path, args: list[str], message: str,
+) -> None:
+    db = tmp_path / "a.db"
+    code, _, err = invoke("audit", "--db", str(db), "--host", "127.0.0.1", "--port", "1", *args)
+    assert code == 2 and err == message + "\n"
+    with AuditStore(db) as store:
+        assert store.runs() == []
+
+
 @pytest.fixture
 def closed_port() -> int:
     with socket.socket() as sock:  # a loopback port with nothing listening

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -21,6 +22,7 @@ from fleetfix.audit import (
     load_audit,
     run_audit,
 )
+from fleetfix.audit.drift import FindingChange
 from fleetfix.audit.model import ALL_CODES as CODES  # the probe's codes and the audit's own
 from fleetfix.audit.report import (
     html_report,
@@ -199,6 +201,54 @@ def test_prometheus_textfile_parses_and_counts(audit: AuditRun) -> None:
     health = (("health", "error"), ("node", "pve1"), ("target", "pve1/201"))
     assert samples[("fleetfix_audit_target_health", health)] == 1
     assert samples[("fleetfix_audit_run_duration_seconds", ())] == pytest.approx(audit.info.duration)
+
+
+def prometheus_samples(run: AuditRun) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = prometheus_report(run)
+    strict_exposition_check(text)
+    parser = pytest.importorskip("prometheus_client.parser")
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in parser.text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_prometheus_new_error_findings_per_target(audit: AuditRun) -> None:
+    """What an alert on new errors needs: per target, the error findings that are new since the baseline,
+    every target listed (zeros included), so the alert names the target and clears on the next run."""
+    new = {dict(labels)["target"]: value for (name, labels), value in prometheus_samples(audit).items()
+           if name == "fleetfix_audit_target_new_error_findings"}
+    # 201 broke last night; 202 was broken the night before too (not new); 203 is not probed.
+    assert new == {"pve1/200": 0, "pve1/201": 1, "pve1/202": 0, "pve1/203": 0}
+    # A finding raised to error counts as a new error; one lowered from error does not.
+    raised = FindingChange("pve1/200", finding("DISK_LOW", "error", path="/"), previous_severity="warning")
+    lowered = FindingChange("pve1/202", finding("DISK_LOW", "warning", path="/"), previous_severity="error")
+    run = AuditRun(audit.run, dataclasses.replace(audit.drift, severity_changed=[raised, lowered]))
+    new = {dict(labels)["target"]: value for (name, labels), value in prometheus_samples(run).items()
+           if name == "fleetfix_audit_target_new_error_findings"}
+    assert new["pve1/200"] == 1 and new["pve1/202"] == 0
+
+
+def test_prometheus_last_success_is_the_newest_complete_run(tmp_path: Path) -> None:
+    """An alert on "no audit for a day" reads when the newest complete run finished: a killed run's file
+    still carries it; a history with no complete run says 0 (an age that alerts), never NaN."""
+    def last_success(run: AuditRun) -> float:
+        return prometheus_samples(run)[("fleetfix_audit_last_success_timestamp_seconds", ())]
+
+    healthy = TargetResult("pve1/200", "pve1", 200, "ok")
+    with AuditStore(tmp_path / "a.db") as store:
+        never = store.start_run(started=1_000.0)
+        store.record_target(never, healthy)
+        assert last_success(load_audit(store, never)) == 0
+        done = store.start_run(started=2_000.0)
+        store.record_target(done, healthy)
+        store.finish_run(done, finished=2_100.0)
+        assert last_success(load_audit(store, done)) == 2_100.0
+        killed = store.start_run(started=3_000.0)
+        store.record_target(killed, healthy)
+        run = load_audit(store, killed)
+    assert last_success(run) == 2_100.0
+    samples = prometheus_samples(run)
+    assert samples[("fleetfix_audit_run_complete", ())] == 0
+    assert samples[("fleetfix_audit_last_run_timestamp_seconds", ())] == 3_000.0
 
 
 def test_prometheus_label_values_are_escaped(audit: AuditRun) -> None:

@@ -213,10 +213,24 @@ def test_the_implicit_inventory_is_named(workdir: Path, monkeypatch: pytest.Monk
     (["--remediate", "book.yaml", "--state-dir", "policy.yaml"], r"--state-dir.*'policy.yaml' is a file"),
     (["--host", "10.1.2.6", "--identity", "id_nope"], r"--identity \(SSH key\): .*: no such file"),
     (["--no-such-option"], r"audit options: .*--no-such-option"),
+    (["--prometheus", "out/m.prom", "--prometheus-group", "no-such-group"],
+     r"^audit option --prometheus-group 'no-such-group': no such group on this host"),
+    (["--prometheus-group", "daemon"], r"^audit option --prometheus-group daemon: needs --prometheus FILE$"),
 ])
 def test_what_would_fail_tonight_fails_now(workdir: Path, args: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         pin_audit_args(args, workdir)
+
+
+def test_the_textfile_group_reaches_the_unit(workdir: Path) -> None:
+    units = workdir / "units"
+    install = CliRunner().invoke(main, ["schedule", "install", "--unit-dir", str(units), "--",
+                                        "--prometheus", "out/m.prom", "--prometheus-group", "daemon"])
+    assert install.exit_code == 0, install.output
+    [exec_start] = [line for line in (units / "fleetfix-audit.service").read_text().splitlines()
+                    if line.startswith("ExecStart=")]
+    assert exec_start.endswith(f" --prometheus {workdir}/out/m.prom --prometheus-group daemon "
+                               f"--inventory {workdir}/inventory.yaml")
 
 
 def test_no_inventory_at_all_fails_at_install(workdir: Path) -> None:
