@@ -14,8 +14,9 @@ Fixtures:
     stub_cache session-scoped directory for compiled test artefacts (torch_stub's extension module)
     pg_server  session-scoped throwaway PostgreSQL cluster (tests/lab/pgserver.py); skipped without the
                server binaries, an error in CI
-    history    a new, empty audit history, once per backend: an SQLite file's path, then a PostgreSQL
-               URL (its own schema in pg_server's cluster); the store tests run against both
+    history    (history_factory: makes more) a new, empty audit history, once per backend: an SQLite
+               file's path, then a PostgreSQL URL (its own schema in pg_server's cluster); the store
+               tests run against both
 """
 
 from __future__ import annotations
@@ -112,11 +113,18 @@ def pg_server() -> Iterator[pgserver.PgServer]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def history(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
+def history_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str | Path]:
+    """Makes new, empty histories of one backend (each test runs once per backend)."""
     if request.param == "sqlite":
-        return tmp_path / "a.db"
+        names = itertools.count(1)
+        return lambda: tmp_path / f"history{next(names)}.db"
     server: pgserver.PgServer = request.getfixturevalue("pg_server")
-    return server.fresh_url()
+    return server.fresh_url
+
+
+@pytest.fixture
+def history(history_factory: Callable[[], str | Path]) -> str | Path:
+    return history_factory()
 
 
 @pytest.fixture(scope="session")

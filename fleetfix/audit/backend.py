@@ -142,7 +142,7 @@ def connect(url: str) -> PgConnection:
                           field="--db") from None
     conninfo, kwargs = connect_args(url)
     conn = psycopg.connect(conninfo, autocommit=True, connect_timeout=30, application_name="fleetfix audit",
-                           **kwargs)
+                           password=kwargs.get("password"))
     return PgConnection(conn)
 
 

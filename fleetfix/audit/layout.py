@@ -1,7 +1,8 @@
 """The history's tables, their migrations, and how one target's result becomes rows (and back).
 
 Layout (schema v5; v6 adds each run's site and controller, and makes a target's identity its site and
-name, so the same node name at two sites never shares a history). What a nightly audit of 10,000 targets adds is one small row per target:
+name, so the same node name at two sites never shares a history). What a nightly audit of 10,000
+targets adds is one small row per target:
 
     runs            one row per run: when, args, status, and (once finished) its health counts
     targets         one row per target name ever seen: first_seen, last_probed (kept through pruning)
@@ -130,7 +131,8 @@ def _interned(conn: Conn, table: str, key: bytes, insert: str, values: tuple[Any
     insert the same content at once (PostgreSQL, two controllers): the second finds the first's row."""
     row = conn.execute(f"SELECT id FROM {table} WHERE digest = ?", (key,)).fetchone()
     if row is None:
-        row = conn.execute(insert + " ON CONFLICT (digest) DO NOTHING RETURNING id", (key, *values)).fetchone()
+        row = conn.execute(insert + " ON CONFLICT (digest) DO NOTHING RETURNING id",
+                           (key, *values)).fetchone()
     if row is None:
         row = conn.execute(f"SELECT id FROM {table} WHERE digest = ?", (key,)).fetchone()
     return int(row[0])
@@ -442,7 +444,7 @@ MIGRATIONS: tuple[tuple[Migration, ...], ...] = (
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
-def migrate(conn: Conn, *, target_version: int = SCHEMA_VERSION) -> int:
+def migrate(conn: sqlite3.Connection, *, target_version: int = SCHEMA_VERSION) -> int:
     """Bring the schema up to target_version; returns the version found. Refuses a newer database."""
     found = int(conn.execute("PRAGMA user_version").fetchone()[0])
     if found > SCHEMA_VERSION:

@@ -1,5 +1,5 @@
-"""Audit history in SQLite (or PostgreSQL: fleetfix.audit.backend): one row per run, a small row per target result, facts and findings stored
-once per change (the layout, and why: fleetfix.audit.layout).
+"""Audit history in SQLite (or PostgreSQL: fleetfix.audit.backend): one row per run, a small row per
+target result, facts and findings stored once per change (the layout, and why: fleetfix.audit.layout).
 
 Durability model: a run row is inserted as `incomplete` when the audit starts; each target's result is one
 transaction, committed as the result arrives; the run becomes `complete` only at the end. So a killed audit
@@ -40,7 +40,6 @@ from urllib.parse import quote
 
 from fleetfix.audit import backend
 from fleetfix.audit.backend import DEFAULT_SITE
-from fleetfix.audit.layout import migrate as migrate_sqlite
 from fleetfix.audit.layout import (
     MIGRATIONS,
     PROBED_HEALTHS,
@@ -57,6 +56,7 @@ from fleetfix.audit.layout import (
     rebuild_facts,
     upsert_target,
 )
+from fleetfix.audit.layout import migrate as migrate_sqlite
 from fleetfix.audit.model import FactsNeed, RunInfo, StoredRun, TargetResult, TrendPoint
 from fleetfix.errors import ConfigError, StoreError
 from fleetfix.paths import default_state_dir, private_dir, private_file
@@ -399,7 +399,8 @@ class AuditStore:
         """Delete the results of runs started more than keep_days ago, except what later runs go on from:
         each target's newest result, newest probed result and newest result in a complete run (drift's
         baseline, since, staleness). The newest complete run, anything after it and the audit run a kept
-        re-probe run remediated are never pruned (each per site). Run rows stay (marked pruned, their counts kept), then
+        re-probe run remediated are never pruned (each per site). Run rows stay (marked pruned, their
+        counts kept), then
         states and blobs no result uses any more are deleted. The file keeps its size (SQLite reuses the
         free pages for the next runs) unless vacuum() is called."""
         cutoff = (time.time() if now is None else now) - keep_days * DAY
@@ -474,8 +475,8 @@ class AuditStore:
                 else:
                     row = self._conn.execute("SELECT MAX(id) FROM runs WHERE site = ?", (site,)).fetchone()
             if row is None or row[0] is None:
-                raise ConfigError("no audit runs recorded yet" + ("" if site is None else f" at site {site!r}"),
-                                  path=self.where)
+                where = "" if site is None else f" at site {site!r}"
+                raise ConfigError(f"no audit runs recorded yet{where}", path=self.where)
             return int(row[0])
         if not ref.isdigit():
             raise ConfigError(f"run {ref!r}: expected a run number or 'last'")

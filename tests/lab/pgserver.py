@@ -17,7 +17,11 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
+
+if TYPE_CHECKING:
+    import psycopg
 
 SERVICE_USER = "postgres"
 
@@ -25,8 +29,10 @@ SERVICE_USER = "postgres"
 def server_bin() -> Path | None:
     """The newest installed server's bin directory (/usr/lib/postgresql/<major>/bin), or None."""
     root = Path("/usr/lib/postgresql")
+    if not root.is_dir():
+        return None
     found = sorted((p for p in root.glob("*/bin") if (p / "initdb").is_file()),
-                   key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0) if root.is_dir() else []
+                   key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0)
     return found[-1] if found else None
 
 
@@ -85,7 +91,7 @@ class PgServer:
                                                                     if options else "")
         return f"postgresql://{SERVICE_USER}@/{database}?{query}"
 
-    def admin(self) -> object:
+    def admin(self) -> psycopg.Connection[Any]:
         import psycopg
 
         return psycopg.connect(self.url(), autocommit=True)
