@@ -229,7 +229,7 @@ class AuditStore:
             return
         if found == 0 and not self.readonly:
             return
-        if self.readonly and found == 0:
+        if self.readonly and found == 0 and self.postgres:
             raise ConfigError("no audit history in this database yet (`fleetfix audit` creates it)",
                               path=self.where)
         raise ConfigError(f"audit database schema v{found}, this fleetfix needs v{current}: run "

@@ -175,3 +175,40 @@ def test_a_password_is_a_reference_and_never_shown(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match="must be a reference") as plain:
         connect_args("postgresql://audit@127.0.0.1/fleet?password=hunter2")
     assert "hunter2" not in str(plain.value)
+
+
+def test_the_cli_reads_prunes_and_migrates_either_backend(history: str | Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fleetfix.cli import main
+
+    with AuditStore(history, site="east", controller="ctl-e") as east, \
+            AuditStore(history, site="west", controller="ctl-w") as west:
+        e1 = _run(east, 100.0, _result("pve1/200"))
+        w1 = _run(west, 150.0, _result("pve1/200", "DISK_LOW"))
+        e2 = _run(east, 200.0, _result("pve1/200", "DPKG_INTERRUPTED"))
+    db = str(history)
+
+    def cli(*args: str) -> str:
+        result = CliRunner().invoke(main, ["audit", *args, "--db", db])
+        assert result.exit_code in (0, 3), result.output
+        return result.stdout
+
+    runs = json.loads(cli("history", "--json"))
+    assert [(r["id"], r["site"], r["controller"]) for r in runs] == [
+        (e2, "east", "ctl-e"), (w1, "west", "ctl-w"), (e1, "east", "ctl-e")]
+    assert [r["id"] for r in json.loads(cli("history", "--site", "west", "--json"))] == [w1]
+    text = cli("history").splitlines()
+    assert text[0].split()[-2:] == ["SITE", "CONTROLLER"] and text[1].split()[-2:] == ["east", "ctl-e"]
+    shown_run = json.loads(cli("show", "last", "--site", "west", "--json"))
+    assert shown_run["run"]["id"] == w1 and shown_run["drift"]["new_findings"] == []  # east is no baseline
+    east_run = json.loads(cli("show", "last", "--site", "east", "--json"))
+    assert [c["code"] for c in east_run["drift"]["new_findings"]] == ["DPKG_INTERRUPTED"]
+    diff = json.loads(cli("diff", str(e1), str(e2), "--site", "east", "--json"))
+    assert [c["code"] for c in diff["new_findings"]] == ["DPKG_INTERRUPTED"]
+    assert "up to date" in cli("migrate")
+    # e1 only: each site's newest complete run stays (w1 is west's, though older than e1)
+    assert "pruned 1 result(s) of 1 run(s)" in cli("prune", "--keep-days", "1")
+    assert json.loads(cli("show", "last", "--site", "west", "--json"))["run"]["id"] == w1

@@ -363,3 +363,28 @@ def test_the_code_decides_not_the_wording(tmp_path: Path) -> None:
     assert failure_kind(error) is None
     assert str(describe_failure(tmp_path, error)).endswith("audit database error: UNIQUE constraint failed: "
                                                            "locked.full")
+
+
+def test_audit_migrate_upgrades_what_every_other_command_refuses(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fleetfix.cli import main
+
+    path = tmp_path / "v5.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target_version=5)
+    conn.execute("INSERT INTO runs (started, status) VALUES (1.0, 'complete')")
+    conn.close()
+    for command in (["history"], ["show", "last"], ["prune", "--keep-days", "1"]):
+        refused = CliRunner().invoke(main, ["audit", *command, "--db", str(path)])
+        assert refused.exit_code == 2 and "schema v5, this fleetfix needs v6: run `fleetfix audit migrate`" in (
+            refused.output), refused.output
+    done = CliRunner().invoke(main, ["audit", "migrate", "--db", str(path)])
+    assert done.exit_code == 0 and "upgraded from v5 to v6" in done.stdout, done.output
+    again = CliRunner().invoke(main, ["audit", "migrate", "--db", str(path)])
+    assert "v6: up to date" in again.stdout
+    history = CliRunner().invoke(main, ["audit", "history", "--db", str(path), "--json"])
+    assert [(r["id"], r["site"], r["controller"]) for r in json.loads(history.stdout)] == [
+        (1, "default", None)]
