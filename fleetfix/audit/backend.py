@@ -72,7 +72,13 @@ def shown(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-def connect_args(url: str) -> tuple[str, dict[str, str]]:
+def check_url(url: str) -> None:
+    """ConfigError for a URL that holds a password itself (connect_args' rule, checked without
+    resolving the reference: `schedule install` writes the URL into a unit file)."""
+    connect_args(url, resolve=False)
+
+
+def connect_args(url: str, *, resolve: bool = True) -> tuple[str, dict[str, str]]:
     """(the URL without any password, psycopg's keyword arguments) for --db. A password is given as
     `?password=@env:NAME` or `?password=@file:PATH` (the secret rules: fleetfix.secrets), never in the
     URL itself: a URL is in `ps`, in shell history, in a unit file; libpq's own PGPASSFILE works too."""
@@ -93,7 +99,7 @@ def connect_args(url: str) -> tuple[str, dict[str, str]]:
             if not is_reference(value):
                 raise ConfigError(f"database URL {where}: the password must be a reference, @env:NAME or "
                                   "@file:PATH (never the value itself)", field="--db")
-            kwargs["password"] = resolve_reference(value, "database password")
+            kwargs["password"] = resolve_reference(value, "database password") if resolve else value
         else:
             kept.append((key, value))
     netloc = parts.netloc.rsplit("@", 1)

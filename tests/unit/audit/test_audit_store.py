@@ -379,8 +379,8 @@ def test_audit_migrate_upgrades_what_every_other_command_refuses(tmp_path: Path)
     conn.close()
     for command in (["history"], ["show", "last"], ["prune", "--keep-days", "1"]):
         refused = CliRunner().invoke(main, ["audit", *command, "--db", str(path)])
-        assert refused.exit_code == 2 and "schema v5, this fleetfix needs v6: run `fleetfix audit migrate`" in (
-            refused.output), refused.output
+        assert refused.exit_code == 2, refused.output
+        assert "schema v5, this fleetfix needs v6: run `fleetfix audit migrate`" in refused.output
     done = CliRunner().invoke(main, ["audit", "migrate", "--db", str(path)])
     assert done.exit_code == 0 and "upgraded from v5 to v6" in done.stdout, done.output
     again = CliRunner().invoke(main, ["audit", "migrate", "--db", str(path)])
