@@ -174,8 +174,9 @@ class AuditStore:
     """
 
     def __init__(self, path: str | Path, *, readonly: bool = False, migrate: bool = False,
-                 site: str | None = None, controller: str | None = None) -> None:
+                 site: str | None = None, controller: str | None = None, create: bool = True) -> None:
         self.readonly = readonly
+        self.create = create and not readonly
         self.site = default_site(site)
         self.controller = default_controller(controller)
         self.migrated_from: int | None = None  # with migrate=True: the version found
@@ -209,7 +210,7 @@ class AuditStore:
             self._conn.execute("PRAGMA foreign_keys = ON")
             found = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
             self._check_version(found, SCHEMA_VERSION, migrate=migrate)
-            if migrate or (found == 0 and not readonly):
+            if migrate or (found == 0 and self.create):
                 self.migrated_from = migrate_sqlite(self._conn)
         except sqlite3.DatabaseError as exc:
             if failure_kind(exc) in (LOCKED, FULL):  # the file is fine: try again later, or free space
@@ -227,9 +228,9 @@ class AuditStore:
                               path=self.where)
         if migrate or found == current:
             return
-        if found == 0 and not self.readonly:
+        if found == 0 and self.create:
             return
-        if self.readonly and found == 0 and self.postgres:
+        if found == 0 and self.postgres:
             raise ConfigError("no audit history in this database yet (`fleetfix audit` creates it)",
                               path=self.where)
         raise ConfigError(f"audit database schema v{found}, this fleetfix needs v{current}: run "
@@ -241,9 +242,11 @@ class AuditStore:
         self._errors = backend.pg_errors()
         try:
             self._conn = backend.connect(url)
+            if self.readonly:  # history, show, diff: the server refuses any write of theirs
+                self._conn.execute("SET default_transaction_read_only = on")
             found = backend.pg_version(self._conn)
             self._check_version(found, backend.PG_SCHEMA_VERSION, migrate=migrate)
-            if migrate or found == 0:
+            if migrate or (found == 0 and self.create):
                 self.migrated_from = backend.pg_migrate(self._conn)
         except psycopg.Error as exc:
             kind = backend.pg_failure_kind(exc)

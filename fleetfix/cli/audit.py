@@ -240,7 +240,7 @@ def audit_prune(db: str | None, keep_days: float, vacuum: bool) -> None:
     # comparing with. PostgreSQL: audits of other sites go on; prune's one transaction keeps what each
     # target's next result goes on from (its newest results) and never touches a site's newest run on.
     file_lock = exclusive_audit(history) if isinstance(history, Path) else contextlib.nullcontext()
-    with file_lock, AuditStore(history, readonly=not isinstance(history, Path)) as store:
+    with file_lock, AuditStore(history, create=False) as store:
         pruned = store.prune(keep_days=keep_days)
         if vacuum:
             store.vacuum()
