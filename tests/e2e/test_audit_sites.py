@@ -50,8 +50,9 @@ def test_two_controllers_audit_two_sites_into_one_postgresql_history(
     assert [(c["target"].rsplit("/", 1)[1], c["code"]) for c in east["drift"]["new_findings"]] == [
         (str(cts["east"].ctid), "DPKG_INTERRUPTED")]
     assert west["drift"]["new_findings"] == [] and west["drift"]["resolved_findings"] == []
-    assert "DPKG_INTERRUPTED" in (tmp_path / "east.html").read_text()
-    assert "DPKG_INTERRUPTED" not in (tmp_path / "west.html").read_text()
+    east_html, west_html = (tmp_path / "east.html").read_text(), (tmp_path / "west.html").read_text()
+    assert "DPKG_INTERRUPTED" in east_html and "at site east" in east_html
+    assert "DPKG_INTERRUPTED" not in west_html and "at site west" in west_html
 
     history = run_cli("audit", "history", "--db", url, "--json").json()
     assert {r["status"] for r in history} == {"complete"}

@@ -206,6 +206,7 @@ def test_the_cli_reads_prunes_and_migrates_either_backend(history: str | Path) -
     assert shown_run["run"]["id"] == w1 and shown_run["drift"]["new_findings"] == []  # east is no baseline
     east_run = json.loads(cli("show", "last", "--site", "east", "--json"))
     assert [c["code"] for c in east_run["drift"]["new_findings"]] == ["DPKG_INTERRUPTED"]
+    assert cli("show", "last", "--site", "west").startswith(f"audit run {w1} at site west (controller ctl-w)")
     diff = json.loads(cli("diff", str(e1), str(e2), "--site", "east", "--json"))
     assert [c["code"] for c in diff["new_findings"]] == ["DPKG_INTERRUPTED"]
     assert "up to date" in cli("migrate")
