@@ -213,3 +213,34 @@ def test_the_cli_reads_prunes_and_migrates_either_backend(history: str | Path) -
     # e1 only: each site's newest complete run stays (w1 is west's, though older than e1)
     assert "pruned 1 result(s) of 1 run(s)" in cli("prune", "--keep-days", "1")
     assert json.loads(cli("show", "last", "--site", "west", "--json"))["run"]["id"] == w1
+
+
+def test_an_audit_whose_connection_is_killed_fails_in_one_line_keeping_its_results(
+        pg_server: PgServer) -> None:
+    """The whole audit (run_audit, worker threads committing as results arrive), its backend terminated
+    from a second connection after two results."""
+    from audit_testkit import FakeWorld, make_target
+
+    from fleetfix.audit import DEFAULT_POLICY, run_audit
+    from fleetfix.fleet import Fleet
+
+    url = pg_server.fresh_url()
+    world = FakeWorld({200: "healthy", 201: "problem_case", 202: "healthy", 203: "healthy"})
+    targets = [make_target("pve1", ctid) for ctid in (200, 201, 202, 203)]
+    with AuditStore(url, site="east") as store:
+        done: list[str] = []
+
+        def progress(report: object) -> None:
+            done.append("x")
+            if len(done) == 2:
+                with pg_server.admin() as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (store._conn.raw.info.backend_pid,))
+
+        fleet = Fleet(connect=world.connect, channels_per_node=1)
+        with pytest.raises(StoreError, match="lost the connection to the audit database") as lost:
+            run_audit(fleet, targets, policy=DEFAULT_POLICY, store=store, on_progress=progress)
+    assert "\n" not in str(lost.value)
+    with AuditStore(url, readonly=True) as reader:
+        [info] = reader.runs()
+        assert info.status == "incomplete"
+        assert [r.target for r in reader.load(info.id).targets] == ["pve1/200", "pve1/201"]
