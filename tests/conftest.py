@@ -12,6 +12,11 @@ Fixtures:
                agent=True, agent_installed=True, tags=(), setup=None, config=None) -> VirtualMachine
     lab_factory function-scoped factory for a private Lab: lab_factory(nodes=2) -> Lab, closed afterwards
     stub_cache session-scoped directory for compiled test artefacts (torch_stub's extension module)
+    pg_server  session-scoped throwaway PostgreSQL cluster (tests/lab/pgserver.py); skipped without the
+               server binaries, an error in CI
+    history    (history_factory: makes more) a new, empty audit history, once per backend: an SQLite
+               file's path, then a PostgreSQL URL (its own schema in pg_server's cluster); the store
+               tests run against both
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 
 import pytest
 
+from tests.lab import pgserver
 from tests.lab.bed import Lab
 from tests.lab.container import Container
 from tests.lab.vm import VirtualMachine
@@ -93,6 +99,32 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if in_ci():
         pytest.fail(f"CI=true and the e2e prerequisites are missing: {problem}", pytrace=False)
     pytest.skip(problem)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[pgserver.PgServer]:
+    why = pgserver.problem()
+    if why is not None:
+        if in_ci():
+            pytest.fail(f"PostgreSQL tests cannot run: {why}")
+        pytest.skip(why)
+    with pgserver.running_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def history_factory(request: pytest.FixtureRequest, tmp_path: Path) -> Callable[[], str | Path]:
+    """Makes new, empty histories of one backend (each test runs once per backend)."""
+    if request.param == "sqlite":
+        names = itertools.count(1)
+        return lambda: tmp_path / f"history{next(names)}.db"
+    server: pgserver.PgServer = request.getfixturevalue("pg_server")
+    return server.fresh_url
+
+
+@pytest.fixture
+def history(history_factory: Callable[[], str | Path]) -> str | Path:
+    return history_factory()
 
 
 @pytest.fixture(scope="session")

@@ -114,7 +114,7 @@ class AuditHistory:
     runs: list[RunInfo]
 
     def to_json(self) -> list[dict[str, Any]]:
-        return [run.to_json() for run in self.runs]
+        return [{**run.to_json(), "site": run.site, "controller": run.controller} for run in self.runs]
 
 
 def load_audit(store: AuditStore, run_id: int, *, baseline: int | None = None,

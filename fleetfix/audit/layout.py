@@ -1,6 +1,8 @@
 """The history's tables, their migrations, and how one target's result becomes rows (and back).
 
-Layout (schema v5). What a nightly audit of 10,000 targets adds is one small row per target:
+Layout (schema v5; v6 adds each run's site and controller, and makes a target's identity its site and
+name, so the same node name at two sites never shares a history). What a nightly audit of 10,000
+targets adds is one small row per target:
 
     runs            one row per run: when, args, status, and (once finished) its health counts
     targets         one row per target name ever seen: first_seen, last_probed (kept through pruning)
@@ -17,7 +19,10 @@ did adds a state (and a blob for what is new in its facts or findings). Up to v4
 facts (~3-5 KB) and every finding its summary, evidence and fix, every night: ~1 MB per 200 targets.
 
 Schema changes go in MIGRATIONS: entry N turns a version N-1 database into version N (`PRAGMA
-user_version`), each in its own transaction, so an old database is upgraded in place on open. Never edit an
+user_version`), each in its own transaction. They are never applied silently: a store older than the
+code refuses to open until `fleetfix audit migrate` upgrades it in place (a shared or backed-up history
+is upgraded when its operator says so, not by whichever cron job runs first). PostgreSQL's own list is
+fleetfix.audit.backend.PG_MIGRATIONS. Never edit an
 entry once released: append a new one. Entries 1-4 are the old layout, kept so that any old database can be
 brought up to date; entry 5 converts it (`_convert_to_v5`).
 
@@ -36,7 +41,7 @@ import sqlite3
 import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from fleetfix.audit.delta import Delta, apply_delta, leaf_delta
 from fleetfix.errors import ConfigError
@@ -62,7 +67,24 @@ UPDATE findings SET since = COALESCE(
 Migration = str | Callable[[sqlite3.Connection], None]
 
 
-def _backfill_since(conn: sqlite3.Connection) -> None:
+class Cursor(Protocol):
+    rowcount: int
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Any: ...
+
+
+class Conn(Protocol):
+    """What the layout needs of a connection: sqlite3's, or fleetfix.audit.backend.PgConnection (which
+    takes the same `?` SQL)."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> Any: ...
+
+
+def _backfill_since(conn: Conn) -> None:
     """v4: fill in `since` for the findings recorded before it, run by run in order."""
     for (run_id,) in conn.execute("SELECT id FROM runs ORDER BY id").fetchall():
         conn.execute(_V4_SINCE_UPDATE + " WHERE run = ?", (run_id,))
@@ -88,22 +110,42 @@ def pack(text: str) -> str | bytes:
     return packed if len(packed) < len(text) else text
 
 
+def pack_for(conn: Conn, text: str) -> str | bytes:
+    """pack(text) as the connection's blobs.data column takes it: PostgreSQL's is bytea, so the text is
+    stored as its UTF-8 (fleetfix.audit.backend)."""
+    packed = pack(text)
+    return packed.encode() if isinstance(packed, str) and getattr(conn, "bytes_only", False) else packed
+
+
 def unpack(data: str | bytes) -> Any:
-    return json.loads(zlib.decompress(data) if isinstance(data, bytes) else data)
+    """A stored document: text, or bytes that are zlib (its header's first byte is 0x78, "x", which no
+    JSON text starts with) or UTF-8 JSON (PostgreSQL's bytea)."""
+    if isinstance(data, str):
+        return json.loads(data)
+    data = bytes(data)
+    return json.loads(zlib.decompress(data) if data[:1] == b"x" else data)
 
 
-def intern_blob(conn: sqlite3.Connection, value: Any) -> int:
+def _interned(conn: Conn, table: str, key: bytes, insert: str, values: tuple[Any, ...]) -> int:
+    """The id of the row of `table` with this digest, inserted now if there is none. Two writers may
+    insert the same content at once (PostgreSQL, two controllers): the second finds the first's row."""
+    row = conn.execute(f"SELECT id FROM {table} WHERE digest = ?", (key,)).fetchone()
+    if row is None:
+        row = conn.execute(insert + " ON CONFLICT (digest) DO NOTHING RETURNING id",
+                           (key, *values)).fetchone()
+    if row is None:
+        row = conn.execute(f"SELECT id FROM {table} WHERE digest = ?", (key,)).fetchone()
+    return int(row[0])
+
+
+def intern_blob(conn: Conn, value: Any) -> int:
     """The id of this JSON document in `blobs`, stored now if it is new."""
     text = dumps(value)
-    key = digest(text)
-    row = conn.execute("SELECT id FROM blobs WHERE digest = ?", (key,)).fetchone()
-    if row is not None:
-        return int(row[0])
-    cursor = conn.execute("INSERT INTO blobs (digest, data) VALUES (?, ?)", (key, pack(text)))
-    return int(cursor.lastrowid or 0)
+    return _interned(conn, "blobs", digest(text), "INSERT INTO blobs (digest, data) VALUES (?, ?)",
+                     (pack_for(conn, text),))
 
 
-def blob(conn: sqlite3.Connection, blob_id: int) -> Any:
+def blob(conn: Conn, blob_id: int) -> Any:
     row = conn.execute("SELECT data FROM blobs WHERE id = ?", (blob_id,)).fetchone()
     if row is None:
         raise ConfigError(f"audit database is inconsistent: blob {blob_id} is missing")
@@ -125,16 +167,12 @@ class State:
     ignored: str  # JSON list
     since: str  # JSON object, code -> epoch
 
-    def intern(self, conn: sqlite3.Connection) -> int:
+    def intern(self, conn: Conn) -> int:
         fields = (self.node, self.ctid, self.status, self.health, self.error, self.facts, self.node_facts,
                   self.findings, self.ignored, self.since)
-        key = digest(dumps(fields))
-        row = conn.execute("SELECT id FROM states WHERE digest = ?", (key,)).fetchone()
-        if row is not None:
-            return int(row[0])
-        return int(conn.execute(
-            "INSERT INTO states (digest, node, ctid, status, health, error, facts, node_facts, findings,"
-            " ignored, since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", (key, *fields)).lastrowid or 0)
+        return _interned(conn, "states", digest(dumps(fields)),
+                         "INSERT INTO states (digest, node, ctid, status, health, error, facts, node_facts,"
+                         " findings, ignored, since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", fields)
 
 
 @dataclass(frozen=True)
@@ -145,7 +183,7 @@ class Previous:
     facts: int | None  # the facts base of its newest earlier probed result
 
 
-def previous(conn: sqlite3.Connection, target_id: int, run_id: int, *, probed: bool) -> Previous:
+def previous(conn: Conn, target_id: int, run_id: int, *, probed: bool) -> Previous:
     """The target's previous result as the module docstring defines it (one or two index seeks backwards
     from run_id on target_results_by_target)."""
     newest = conn.execute(
@@ -171,7 +209,7 @@ def carry_since(codes: Sequence[str], before: Mapping[str, float], started: floa
 DELTA_SHARE = 8
 
 
-def facts_rows(conn: sqlite3.Connection, facts: Mapping[str, Any] | None, base_id: int | None
+def facts_rows(conn: Conn, facts: Mapping[str, Any] | None, base_id: int | None
                ) -> tuple[int | None, str | None]:
     """(facts base blob id, delta JSON or None) for these facts, against the target's earlier base."""
     if facts is None:
@@ -201,8 +239,24 @@ def _delta(text: str) -> Delta:
     return value
 
 
-def upsert_target(conn: sqlite3.Connection, name: str, started: float, probed: bool) -> int:
-    """The target's id; first_seen and last_probed moved to take in this result."""
+def upsert_target(conn: Conn, site: str, name: str, started: float, probed: bool) -> int:
+    """The id of the target `name` at `site`; first_seen and last_probed moved to take in this result.
+    (CASE, not SQLite's two-argument min/max: PostgreSQL has none.)"""
+    row = conn.execute(
+        "INSERT INTO targets (site, name, first_seen, last_probed) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (site, name) DO UPDATE SET"
+        " first_seen = CASE WHEN excluded.first_seen < targets.first_seen THEN excluded.first_seen"
+        "  ELSE targets.first_seen END,"
+        " last_probed = CASE"
+        "  WHEN excluded.last_probed IS NULL THEN targets.last_probed"
+        "  WHEN targets.last_probed IS NULL OR targets.last_probed < excluded.last_probed"
+        "  THEN excluded.last_probed ELSE targets.last_probed END"
+        " RETURNING id", (site, name, started, started if probed else None)).fetchone()
+    return int(row[0])
+
+
+def _upsert_target_v5(conn: Conn, name: str, started: float, probed: bool) -> int:
+    """upsert_target as v5's conversion needs it (v5's targets have no site)."""
     row = conn.execute(
         "INSERT INTO targets (name, first_seen, last_probed) VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE"
         " SET first_seen = min(first_seen, excluded.first_seen), last_probed = CASE"
@@ -213,7 +267,7 @@ def upsert_target(conn: sqlite3.Connection, name: str, started: float, probed: b
     return int(row[0])
 
 
-def health_counts(conn: sqlite3.Connection, run_id: int, *, table: str = "target_results") -> dict[str, int]:
+def health_counts(conn: Conn, run_id: int, *, table: str = "target_results") -> dict[str, int]:
     """Targets per health in one run, counted from its rows (`table`: the conversion's temporary name)."""
     return {str(health): int(count) for health, count in conn.execute(
         f"SELECT s.health, COUNT(*) FROM {table} t JOIN states s ON s.id = t.state WHERE t.run = ?"
@@ -261,7 +315,7 @@ _V5_TABLES = (
 )
 
 
-def _convert_to_v5(conn: sqlite3.Connection) -> None:
+def _convert_to_v5(conn: Conn) -> None:
     """Rewrite a v4 history in the v5 layout, run by run in order, keeping every value: facts, findings,
     since (as recorded, not recomputed), first_seen and last_probed (from the runs' starts)."""
     for statement in _V5_TABLES:
@@ -281,7 +335,7 @@ def _convert_to_v5(conn: sqlite3.Connection) -> None:
             "SELECT target, node, ctid, status, health, error, duration, facts, ignored, node_facts"
             " FROM target_results WHERE run = ?", (run_id,)).fetchall()
         for name, node, ctid, status, health, error, duration, facts, ignored, node_facts in rows:
-            target_id = upsert_target(conn, name, float(started), status == "ok")
+            target_id = _upsert_target_v5(conn, name, float(started), status == "ok")
             listed = findings.get(name, [])
             streaks: dict[str, float] = {}
             for code, *_, value in listed:
@@ -368,6 +422,23 @@ MIGRATIONS: tuple[tuple[Migration, ...], ...] = (
         _convert_to_v5,
         # a target's results newest first: its previous result, drift's per-target baseline, pruning
         "CREATE INDEX target_results_by_target ON target_results(target, run)",
+    ),
+    (  # 6: several controllers, one history: each run's site and controller; a target is (site, name)
+        "ALTER TABLE runs ADD COLUMN site TEXT NOT NULL DEFAULT 'default'",
+        "ALTER TABLE runs ADD COLUMN controller TEXT",  # NULL: recorded before v6, by whoever ran it
+        "CREATE INDEX runs_by_site ON runs(site, status, id)",
+        """CREATE TABLE targets_v6 (
+            id INTEGER PRIMARY KEY,
+            site TEXT NOT NULL,
+            name TEXT NOT NULL,
+            first_seen REAL NOT NULL,
+            last_probed REAL,
+            UNIQUE (site, name)
+        )""",
+        "INSERT INTO targets_v6 (id, site, name, first_seen, last_probed)"
+        " SELECT id, 'default', name, first_seen, last_probed FROM targets",
+        "DROP TABLE targets",
+        "ALTER TABLE targets_v6 RENAME TO targets",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -87,6 +87,8 @@ class RunInfo:
     parent: int | None = None  # for a remediation's re-probe run: the audit run it remediated
     remediation: dict[str, Any] | None = None  # Remediation.to_json() of the remediation this run shows
     pruned: float | None = None  # when its results were pruned (AuditStore.prune); only this row is left
+    site: str = "default"  # the scope its controller audits: drift and the trend compare within a site
+    controller: str | None = None  # who ran it (its host name, or --controller); None: before v6
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -173,7 +173,9 @@ def text_pieces(run: AuditRun, *, verbose: bool = False) -> Iterator[str]:
     """text_report's text a line at a time: held whole, a large fleet's text and its copies on the way
     to stdout would set the audit's peak memory."""
     info = run.info
-    yield (f"audit run {info.id} ({info.status}) started {_when(info.started)}"
+    # The site only where there are sites: a history of one reads as it always did.
+    where = "" if info.site == "default" else f" at site {info.site} (controller {info.controller or '-'})"
+    yield (f"audit run {info.id}{where} ({info.status}) started {_when(info.started)}"
            + (f", {info.duration:.1f}s" if info.duration is not None else "") + "\n")
     for line in drift_lines(run.drift) + remediation_lines(run) + notification_lines(info.args) + [""]:
         yield line + "\n"

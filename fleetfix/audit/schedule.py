@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fleetfix.audit.backend import check_url, is_url
 from fleetfix.audit.report import write_atomic
 from fleetfix.audit.store import DB_ENV
 from fleetfix.errors import ConfigError
@@ -138,8 +139,10 @@ class ScheduleSpec:
             raise ConfigError(f"--timeout {timeout!r}: expected a time span of at least 1s")
         _refuse_secret_values(audit_args)
         environment = {}
+        if db and is_url(db):
+            check_url(db)  # a password only as a reference, never in the unit
         if db:
-            environment[DB_ENV] = _no_control(os.path.abspath(db), "--db")
+            environment[DB_ENV] = _no_control(db if is_url(db) else os.path.abspath(db), "--db")
         # The interpreter running now: the scheduled audit uses the same install (venv included).
         interpreter = os.path.abspath(python or sys.executable)
         return cls(

@@ -1,5 +1,5 @@
-"""Audit history in SQLite: one row per run, a small row per target result, facts and findings stored
-once per change (the layout, and why: fleetfix.audit.layout).
+"""Audit history in SQLite (or PostgreSQL: fleetfix.audit.backend): one row per run, a small row per
+target result, facts and findings stored once per change (the layout, and why: fleetfix.audit.layout).
 
 Durability model: a run row is inserted as `incomplete` when the audit starts; each target's result is one
 transaction, committed as the result arrives; the run becomes `complete` only at the end. So a killed audit
@@ -15,23 +15,31 @@ and `audit history` read no results), and since is carried forward at write time
 Retention (`prune`): results older than a cutoff are deleted, except each target's newest result, newest
 probed result and newest result in a complete run, which drift, since and staleness go on from; the run
 rows stay, with their counts, so `audit history` and the trend still show them.
+
+Sites: each run records its site (the scope a controller audits; "default") and its controller (who ran
+it). A target is its site and name: drift, since, staleness and the trend of a run look only at runs of
+its own site, so one site's run is never another's baseline, and the same node name at two sites never
+shares a history. Readers filter by site where asked (`--site`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+from fleetfix.audit import backend
+from fleetfix.audit.backend import DEFAULT_SITE
 from fleetfix.audit.layout import (
     MIGRATIONS,
     PROBED_HEALTHS,
@@ -48,6 +56,7 @@ from fleetfix.audit.layout import (
     rebuild_facts,
     upsert_target,
 )
+from fleetfix.audit.layout import migrate as migrate_sqlite
 from fleetfix.audit.model import FactsNeed, RunInfo, StoredRun, TargetResult, TrendPoint
 from fleetfix.errors import ConfigError, StoreError
 from fleetfix.paths import default_state_dir, private_dir, private_file
@@ -57,7 +66,11 @@ DB_ENV = "FLEETFIX_AUDIT_DB"
 DB_FILE = "audit.db"
 DAY = 86400.0
 
-__all__ = ["DB_ENV", "MIGRATIONS", "SCHEMA_VERSION", "AuditStore", "Pruned", "default_db_path", "migrate"]
+SITE_ENV = "FLEETFIX_AUDIT_SITE"
+CONTROLLER_ENV = "FLEETFIX_AUDIT_CONTROLLER"
+
+__all__ = ["DB_ENV", "MIGRATIONS", "SCHEMA_VERSION", "AuditStore", "Pruned", "default_db", "default_db_path",
+           "migrate"]
 
 
 def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
@@ -66,6 +79,28 @@ def default_db_path(environ: Mapping[str, str] | None = None) -> Path:
     if env.get(DB_ENV):
         return Path(env[DB_ENV])
     return default_state_dir(env) / DB_FILE
+
+
+def default_db(db: str | Path | None = None, environ: Mapping[str, str] | None = None) -> str | Path:
+    """The history --db names: a postgresql:// URL as it is, else an SQLite file's path (default:
+    default_db_path); $FLEETFIX_AUDIT_DB may be either."""
+    env = os.environ if environ is None else environ
+    chosen = db if db else env.get(DB_ENV)
+    if chosen and backend.is_url(str(chosen)):
+        return str(chosen)
+    return Path(chosen) if chosen else default_db_path(env)
+
+
+def default_site(site: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """--site, else $FLEETFIX_AUDIT_SITE, else "default"."""
+    env = os.environ if environ is None else environ
+    return site or env.get(SITE_ENV) or DEFAULT_SITE
+
+
+def default_controller(controller: str | None = None, environ: Mapping[str, str] | None = None) -> str:
+    """--controller, else $FLEETFIX_AUDIT_CONTROLLER, else this machine's host name."""
+    env = os.environ if environ is None else environ
+    return controller or env.get(CONTROLLER_ENV) or backend.default_controller()
 
 
 # SQLite's primary result codes (an extended code's low byte) for the failures an operator meets, each with
@@ -84,10 +119,15 @@ def failure_kind(error: sqlite3.Error) -> str | None:
     return None if code is None else _KIND_OF_CODE.get(code & 0xFF)
 
 
-def describe_failure(path: Path, error: sqlite3.Error) -> StoreError:
-    """One line for what SQLite said, with what to do for the cases an operator meets."""
+def describe_failure(path: Path | str, error: BaseException, kind: str | None = None) -> StoreError:
+    """One line for what SQLite (or PostgreSQL, its kind given) said, with what to do for the cases an
+    operator meets."""
     text = " ".join(str(error).split())
-    kind = failure_kind(error)
+    if isinstance(error, sqlite3.Error):
+        kind = failure_kind(error)
+    if kind == backend.LOST:
+        return StoreError(f"{path}: lost the connection to the audit database ({text}); this run is left "
+                          "incomplete, the results committed before are kept")
     if kind == LOCKED:
         return StoreError(f"{path}: the audit database is locked by another process (an audit or a reader "
                           "still running?); try again when it has finished")
@@ -111,6 +151,8 @@ def _guarded(method: F) -> F:
             return method(self, *args, **kwargs)
         except sqlite3.Error as error:
             raise describe_failure(self.path, error) from None
+        except self._errors as error:
+            raise describe_failure(self.where, error, backend.pg_failure_kind(error)) from None
 
     return wrapper  # type: ignore[return-value]
 
@@ -118,46 +160,132 @@ def _guarded(method: F) -> F:
 class AuditStore:
     """The history database. Thread-safe: one connection, one lock (results arrive from worker threads).
 
-    readonly: for commands that only read (history, show, diff): the file must exist (a mistyped --db is
-    an error, never a new empty database) and is opened read-only. Written, it is 0600 in a 0700 state
-    dir whatever the umask; SQLite gives its -wal and -shm files the database's own permissions.
+    db: an SQLite file's path, or a postgresql:// URL (fleetfix.audit.backend). site, controller: what
+    the runs this store starts record (default_site, default_controller); the site also scopes what
+    a writer reads of a target's past (last_probed, first_seen).
+
+    readonly: for commands that only read (history, show, diff): the database must exist (a mistyped --db
+    is an error, never a new empty database) and SQLite's is opened read-only. Written, an SQLite file is
+    0600 in a 0700 state dir whatever the umask; SQLite gives its -wal and -shm files the database's own
+    permissions.
+
+    The schema is checked on open: a new database is created at the current version, an older one is
+    refused until `fleetfix audit migrate` (migrate=True) upgrades it, a newer one is refused.
     """
 
-    def __init__(self, path: str | Path, *, readonly: bool = False) -> None:
-        self.path = Path(path)
+    def __init__(self, path: str | Path, *, readonly: bool = False, migrate: bool = False,
+                 site: str | None = None, controller: str | None = None, create: bool = True) -> None:
         self.readonly = readonly
+        self.create = create and not readonly
+        self.site = default_site(site)
+        self.controller = default_controller(controller)
+        self.migrated_from: int | None = None  # with migrate=True: the version found
+        self._errors: tuple[type[BaseException], ...] = ()
+        self._lock = threading.Lock()
+        if backend.is_url(path):
+            self.postgres = True
+            self.where = backend.shown(str(path))
+            self.path = Path(self.where)  # for messages only
+            self._open_postgres(str(path), migrate=migrate)
+            return
+        self.postgres = False
+        self.path = Path(path)
+        self.where = str(self.path)
         if readonly and not self.path.is_file():
             raise ConfigError("no audit database here (a typo in --db? `fleetfix audit` creates it)",
-                              path=str(self.path))
+                              path=self.where)
         try:
             if not readonly:
                 private_dir(self.path.parent)
                 private_file(self.path)
             # isolation_level=None: transactions are explicit (BEGIN/COMMIT below), never implicit.
             target = f"file:{quote(str(self.path.resolve()))}?mode=ro" if readonly else str(self.path)
-            self._conn = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
-                                         timeout=30.0, uri=readonly)
+            self._conn: Any = sqlite3.connect(target, check_same_thread=False, isolation_level=None,
+                                              timeout=30.0, uri=readonly)
             if not readonly:
                 self._conn.execute("PRAGMA journal_mode = WAL")
             # NORMAL is durable against a killed process in WAL mode (only power loss can drop the
             # last commits, never corrupt): the case the audit must survive.
             self._conn.execute("PRAGMA synchronous = NORMAL")
             self._conn.execute("PRAGMA foreign_keys = ON")
-            if readonly:
-                found = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
-                if found != SCHEMA_VERSION:
-                    raise ConfigError(f"audit database schema v{found}, this fleetfix reads v{SCHEMA_VERSION}"
-                                      " (an audit run upgrades an older one)", path=str(self.path))
-            else:
-                migrate(self._conn)
+            found = int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+            self._check_version(found, SCHEMA_VERSION, migrate=migrate)
+            if migrate or (found == 0 and self.create):
+                self.migrated_from = migrate_sqlite(self._conn)
         except sqlite3.DatabaseError as exc:
             if failure_kind(exc) in (LOCKED, FULL):  # the file is fine: try again later, or free space
                 raise describe_failure(self.path, exc) from None
-            raise ConfigError(f"cannot open audit database: {exc}", path=str(self.path)) from None
+            raise ConfigError(f"cannot open audit database: {exc}", path=self.where) from None
         except OSError as exc:
             raise ConfigError(f"cannot create audit database: {exc.strerror or exc}",
-                              path=str(self.path)) from None
-        self._lock = threading.Lock()
+                              path=self.where) from None
+
+    def _check_version(self, found: int, current: int, *, migrate: bool) -> None:
+        """Refuse a schema this code cannot use: newer, or older and not being migrated (0: a new
+        database, which a writer creates)."""
+        if found > current:
+            raise ConfigError(f"audit database schema v{found} is newer than this fleetfix (v{current})",
+                              path=self.where)
+        if migrate or found == current:
+            return
+        if found == 0 and self.create:
+            return
+        if found == 0 and self.postgres:
+            raise ConfigError("no audit history in this database yet (`fleetfix audit` creates it)",
+                              path=self.where)
+        raise ConfigError(f"audit database schema v{found}, this fleetfix needs v{current}: run "
+                          "`fleetfix audit migrate` to upgrade it (back it up first)", path=self.where)
+
+    def _open_postgres(self, url: str, *, migrate: bool) -> None:
+        import psycopg
+
+        self._errors = backend.pg_errors()
+        try:
+            self._conn = backend.connect(url)
+            if self.readonly:  # history, show, diff: the server refuses any write of theirs
+                self._conn.execute("SET default_transaction_read_only = on")
+            found = backend.pg_version(self._conn)
+            self._check_version(found, backend.PG_SCHEMA_VERSION, migrate=migrate)
+            if migrate or (found == 0 and self.create):
+                self.migrated_from = backend.pg_migrate(self._conn)
+        except psycopg.Error as exc:
+            kind = backend.pg_failure_kind(exc)
+            if kind is not None:
+                raise describe_failure(self.where, exc, kind) from None
+            raise ConfigError(f"cannot open audit database: {' '.join(str(exc).split())}",
+                              path=self.where) from None
+
+    @property
+    def schema_version(self) -> int:
+        return backend.PG_SCHEMA_VERSION if self.postgres else SCHEMA_VERSION
+
+    @contextlib.contextmanager
+    def audit_lock(self) -> Iterator[None]:
+        """One audit per site of a PostgreSQL history at a time (an advisory lock, dropped with the
+        connection however the process ends): AuditBusyError for a second one. SQLite's is the
+        file lock the CLI takes before opening the file (fleetfix.audit.lock)."""
+        if not self.postgres:
+            yield
+            return
+        from fleetfix.errors import AuditBusyError
+
+        key = backend.advisory_key("site", self.site)
+        with self._lock:
+            taken = self._guard(lambda: backend.try_lock(self._conn, key))
+        if not taken:
+            raise AuditBusyError(f"another audit of site {self.site!r} is running on this history; not "
+                                 "starting a second one", path=self.where)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception), self._lock:
+                backend.unlock(self._conn, key)
+
+    def _guard(self, call: Callable[[], Any]) -> Any:
+        try:
+            return call()
+        except self._errors as error:
+            raise describe_failure(self.where, error, backend.pg_failure_kind(error)) from None
 
     # -- writing ---------------------------------------------------------------------------------------
 
@@ -165,13 +293,14 @@ class AuditStore:
     def start_run(self, args: Mapping[str, Any] | None = None, *, started: float | None = None,
                   parent: int | None = None, remediation: Mapping[str, Any] | None = None) -> int:
         with self._lock:
-            cursor = self._conn.execute(
-                "INSERT INTO runs (started, status, args, parent, remediation)"
-                " VALUES (?, 'incomplete', ?, ?, ?)",
+            row = self._conn.execute(
+                "INSERT INTO runs (started, status, args, parent, remediation, site, controller)"
+                " VALUES (?, 'incomplete', ?, ?, ?, ?, ?) RETURNING id",
                 (time.time() if started is None else started, json.dumps(dict(args or {}), default=str),
-                 parent, None if remediation is None else json.dumps(dict(remediation), default=str)),
-            )
-            return int(cursor.lastrowid or 0)
+                 parent, None if remediation is None else json.dumps(dict(remediation), default=str),
+                 self.site, self.controller),
+            ).fetchone()
+            return int(row[0])
 
     @_guarded
     def set_remediation(self, run_id: int, remediation: Mapping[str, Any]) -> None:
@@ -188,7 +317,7 @@ class AuditStore:
         with self._lock:
             row = self._conn.execute("SELECT args FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is None:
-                raise ConfigError(f"run {run_id} not found", path=str(self.path))
+                raise ConfigError(f"run {run_id} not found", path=self.where)
             args = {**json.loads(row[0] or "{}"), "notification": dict(outcome)}
             self._conn.execute("UPDATE runs SET args = ? WHERE id = ?",
                                (json.dumps(args, default=str), run_id))
@@ -203,30 +332,46 @@ class AuditStore:
         """Several results in one transaction: for results that are all at hand at once (a remediation's
         carried-over targets, an import, the benchmarks' synthetic history). An audit records each result
         as it arrives (record_target), so a kill loses none that had finished."""
+        results = list(results)
         with self._lock:
-            started = self._started(run_id)
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                for result in results:
-                    self._write(run_id, started, result)
-                # the run's stored counts (set when it finished) no longer hold: count again when asked
-                self._conn.execute("UPDATE runs SET counts = NULL WHERE id = ? AND counts IS NOT NULL",
-                                   (run_id,))
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+            started, site = self._started(run_id)
+            for attempt in range(_RETRIES):
+                self._conn.execute(self._begin)
+                try:
+                    for result in results:
+                        self._write(run_id, started, site, result)
+                    # the run's stored counts (set when it finished) no longer hold: count again when asked
+                    self._conn.execute("UPDATE runs SET counts = NULL WHERE id = ? AND counts IS NOT NULL",
+                                       (run_id,))
+                except BaseException as error:
+                    with contextlib.suppress(*self._errors):  # a lost connection has nothing to roll back
+                        self._conn.execute("ROLLBACK")
+                    if attempt + 1 < _RETRIES and self._retryable(error):
+                        continue
+                    raise
+                self._conn.execute("COMMIT")
+                return
 
-    def _started(self, run_id: int) -> float:
-        row = self._conn.execute("SELECT started FROM runs WHERE id = ?", (run_id,)).fetchone()
+    @property
+    def _begin(self) -> str:
+        # SQLite: take the write lock now, not at the first write (no deadlock between two upgraders).
+        return "BEGIN" if self.postgres else "BEGIN IMMEDIATE"
+
+    def _retryable(self, error: BaseException) -> bool:
+        """PostgreSQL: two controllers interning the same documents in opposite orders deadlock, and one
+        is told to try again (40P01, 40001)."""
+        return self.postgres and getattr(error, "sqlstate", None) in ("40P01", "40001")
+
+    def _started(self, run_id: int) -> tuple[float, str]:
+        row = self._conn.execute("SELECT started, site FROM runs WHERE id = ?", (run_id,)).fetchone()
         if row is None:
-            raise ConfigError(f"run {run_id} not found", path=str(self.path))
-        return float(row[0])
+            raise ConfigError(f"run {run_id} not found", path=self.where)
+        return float(row[0]), str(row[1])
 
-    def _write(self, run_id: int, started: float, result: TargetResult) -> None:
+    def _write(self, run_id: int, started: float, site: str, result: TargetResult) -> None:
         conn = self._conn
         probed = result.status == "ok"
-        target_id = upsert_target(conn, result.target, started, probed)
+        target_id = upsert_target(conn, site, result.target, started, probed)
         before = previous(conn, target_id, run_id, probed=probed)
         facts, delta = facts_rows(conn, result.facts, before.facts)
         findings = [finding.model_dump(mode="json") for finding in result.findings]
@@ -240,8 +385,9 @@ class AuditStore:
             since=carry_since([finding.code for finding in result.findings], before.since, started),
         )
         conn.execute(
-            "INSERT OR REPLACE INTO target_results (run, target, state, duration, delta)"
-            " VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO target_results (run, target, state, duration, delta) VALUES (?, ?, ?, ?, ?)"
+            " ON CONFLICT (run, target) DO UPDATE SET state = excluded.state, duration = excluded.duration,"
+            " delta = excluded.delta",
             (run_id, target_id, state.intern(conn), float(result.duration), delta))
 
     @_guarded
@@ -249,14 +395,15 @@ class AuditStore:
         """Mark the run complete, keeping its health counts in its row (history and trend read those)."""
         with self._lock:
             end = time.time() if finished is None else finished
-            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(self._begin)
             try:
                 self._conn.execute(
                     "UPDATE runs SET status = 'complete', finished = ?, duration = ? - started, counts = ?"
                     " WHERE id = ?", (end, end, dumps(health_counts(self._conn, run_id)), run_id),
                 )
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                with contextlib.suppress(*self._errors):
+                    self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
 
@@ -267,23 +414,24 @@ class AuditStore:
         """Delete the results of runs started more than keep_days ago, except what later runs go on from:
         each target's newest result, newest probed result and newest result in a complete run (drift's
         baseline, since, staleness). The newest complete run, anything after it and the audit run a kept
-        re-probe run remediated are never pruned. Run rows stay (marked pruned, their counts kept), then
+        re-probe run remediated are never pruned (each per site). Run rows stay (marked pruned, their
+        counts kept), then
         states and blobs no result uses any more are deleted. The file keeps its size (SQLite reuses the
         free pages for the next runs) unless vacuum() is called."""
         cutoff = (time.time() if now is None else now) - keep_days * DAY
         with self._lock:
             conn = self._conn
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(self._begin)
             try:
-                newest = conn.execute("SELECT MAX(id) FROM runs WHERE status = 'complete'").fetchone()[0]
                 old = [int(run) for (run,) in conn.execute(
-                    "SELECT id FROM runs WHERE started < ? AND id < ? AND pruned IS NULL"
+                    "SELECT id FROM runs WHERE started < ? AND pruned IS NULL AND id < COALESCE((SELECT"
+                    " MAX(c.id) FROM runs c WHERE c.status = 'complete' AND c.site = runs.site), -1)"
                     " AND id NOT IN (SELECT parent FROM runs WHERE parent IS NOT NULL AND started >= ?)"
-                    " ORDER BY id", (cutoff, newest if newest is not None else -1, cutoff))]
+                    " ORDER BY id", (cutoff, cutoff))]
                 rows = 0
                 if old:
-                    conn.execute("CREATE TEMP TABLE IF NOT EXISTS keep (target INTEGER, run INTEGER,"
-                                 " PRIMARY KEY (target, run)) WITHOUT ROWID")
+                    conn.execute("CREATE TEMP TABLE IF NOT EXISTS keep (target BIGINT, run BIGINT,"
+                                 " PRIMARY KEY (target, run))" + ("" if self.postgres else " WITHOUT ROWID"))
                     conn.execute("DELETE FROM keep")
                     conn.execute(_KEEPERS)
                     for run_id in old:
@@ -301,7 +449,8 @@ class AuditStore:
                     " UNION SELECT node_facts FROM states WHERE node_facts IS NOT NULL"
                     " UNION SELECT findings FROM states WHERE findings IS NOT NULL)").rowcount
             except BaseException:
-                conn.execute("ROLLBACK")
+                with contextlib.suppress(*self._errors):
+                    conn.execute("ROLLBACK")
                 raise
             conn.execute("COMMIT")
         return Pruned(runs=len(old), results=rows, states=states, blobs=blobs)
@@ -315,28 +464,39 @@ class AuditStore:
     # -- reading ---------------------------------------------------------------------------------------
 
     @_guarded
-    def runs(self, *, limit: int | None = None) -> list[RunInfo]:
-        """Runs, newest first, with per-run counts."""
-        query = f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC"
-        params: tuple[int, ...] = ()
+    def runs(self, *, limit: int | None = None, site: str | None = None) -> list[RunInfo]:
+        """Runs, newest first, with per-run counts (of one site, if given)."""
+        query = f"SELECT {_RUN_COLUMNS} FROM runs"
+        params: tuple[Any, ...] = ()
+        if site is not None:
+            query += " WHERE site = ?"
+            params = (site,)
+        query += " ORDER BY id DESC"
         if limit is not None:
             query += " LIMIT ?"
-            params = (limit,)
+            params = (*params, limit)
         with self._lock:
             rows = self._conn.execute(query, params).fetchall()
             return [self._run_info(row) for row in rows]
 
     @_guarded
-    def resolve(self, ref: str) -> int:
-        """A run id from what a user typed: a number, or "last" / "latest" (newest run)."""
+    def resolve(self, ref: str, *, site: str | None = None) -> int:
+        """A run id from what a user typed: a number, or "last" / "latest" (newest run, of `site` if
+        given; a numbered run of another site is an error then)."""
         if ref in ("last", "latest"):
             with self._lock:
-                row = self._conn.execute("SELECT MAX(id) FROM runs").fetchone()
+                if site is None:
+                    row = self._conn.execute("SELECT MAX(id) FROM runs").fetchone()
+                else:
+                    row = self._conn.execute("SELECT MAX(id) FROM runs WHERE site = ?", (site,)).fetchone()
             if row is None or row[0] is None:
-                raise ConfigError("no audit runs recorded yet", path=str(self.path))
+                where = "" if site is None else f" at site {site!r}"
+                raise ConfigError(f"no audit runs recorded yet{where}", path=self.where)
             return int(row[0])
         if not ref.isdigit():
             raise ConfigError(f"run {ref!r}: expected a run number or 'last'")
+        if site is not None and self.info(int(ref)).site != site:
+            raise ConfigError(f"run {ref} is not of site {site!r}", path=self.where)
         return int(ref)
 
     @_guarded
@@ -344,7 +504,7 @@ class AuditStore:
         with self._lock:
             row = self._conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
             if row is None:
-                raise ConfigError(f"run {run_id} not found", path=str(self.path))
+                raise ConfigError(f"run {run_id} not found", path=self.where)
             return self._run_info(row)
 
     @_guarded
@@ -356,7 +516,7 @@ class AuditStore:
         if info.pruned is not None:
             day = time.strftime("%Y-%m-%d", time.localtime(info.pruned))
             raise ConfigError(f"run {run_id} was pruned on {day}: only its summary is kept (`audit history`)",
-                              path=str(self.path))
+                              path=self.where)
         with self._lock:
             rows = self._conn.execute(
                 f"SELECT {_RESULT_COLUMNS} FROM target_results t JOIN targets n ON n.id = t.target"
@@ -437,35 +597,38 @@ class AuditStore:
         the newest complete run before it that is still whole (a new run's never is: prune keeps it)."""
         with self._lock:
             row = self._conn.execute(
-                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete' AND pruned IS NULL", (run_id,)
-            ).fetchone()
+                "SELECT MAX(id) FROM runs WHERE id < ? AND status = 'complete' AND pruned IS NULL"
+                " AND site = (SELECT site FROM runs WHERE id = ?)", (run_id, run_id)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
     @_guarded
     def latest_complete_runs(self, before: int, targets: Iterable[str]) -> dict[str, int]:
         """Each of these targets' newest complete run before `before` (drift's per-target baseline): one
-        index walk per target, backwards from `before`, usually one step."""
+        index walk per target, backwards from `before`, usually one step. The targets are those of
+        `before`'s site."""
         found: dict[str, int] = {}
         with self._lock:
+            site_row = self._conn.execute("SELECT site FROM runs WHERE id = ?", (before,)).fetchone()
+            site = self.site if site_row is None else site_row[0]
             for name in targets:
                 row = self._conn.execute(
                     "SELECT t.run FROM targets n JOIN target_results t ON t.target = n.id"
-                    " JOIN runs r ON r.id = t.run WHERE n.name = ? AND t.run < ? AND r.status = 'complete'"
-                    " ORDER BY t.run DESC LIMIT 1", (name, before)).fetchone()
+                    " JOIN runs r ON r.id = t.run WHERE n.site = ? AND n.name = ? AND t.run < ?"
+                    " AND r.status = 'complete' ORDER BY t.run DESC LIMIT 1", (site, name, before)).fetchone()
                 if row is not None:
                     found[name] = int(row[0])
         return found
 
     @_guarded
     def last_probed(self, target: str) -> float | None:
-        """When `target` was last probed successfully (the start of that run), in any run: a result
-        committed as `ok` is a real observation even if its run was later killed."""
-        return self._scalar("SELECT last_probed FROM targets WHERE name = ?", target)
+        """When `target` (of this store's site) was last probed successfully (the start of that run), in
+        any run: a result committed as `ok` is a real observation even if its run was later killed."""
+        return self._scalar("SELECT last_probed FROM targets WHERE site = ? AND name = ?", self.site, target)
 
     @_guarded
     def first_seen(self, target: str) -> float | None:
-        """When `target` first appears in the history at all (probed or not)."""
-        return self._scalar("SELECT first_seen FROM targets WHERE name = ?", target)
+        """When `target` (of this store's site) first appears in the history at all (probed or not)."""
+        return self._scalar("SELECT first_seen FROM targets WHERE site = ? AND name = ?", self.site, target)
 
     @_guarded
     def since(self, run_id: int) -> dict[tuple[str, str], float]:
@@ -479,13 +642,14 @@ class AuditStore:
 
     @_guarded
     def trend(self, run_id: int, *, limit: int) -> list[TrendPoint]:
-        """Targets per health in the last `limit` complete runs up to run_id (and run_id itself, complete or
-        not), oldest first. Incomplete runs are left out: a killed audit's few targets read as a dip."""
+        """Targets per health in the last `limit` complete runs of its site up to run_id (and run_id itself,
+        complete or not), oldest first. Incomplete runs are left out: a killed audit's few targets read as
+        a dip."""
         with self._lock:
             runs = self._conn.execute(
-                "SELECT id, started, status, parent, counts, finished FROM runs"
-                " WHERE id <= ? AND (status = 'complete' OR id = ?) ORDER BY id DESC LIMIT ?",
-                (run_id, run_id, limit),
+                "SELECT id, started, status, parent, counts, finished FROM runs WHERE id <= ?"
+                " AND site = (SELECT site FROM runs WHERE id = ?) AND (status = 'complete' OR id = ?)"
+                " ORDER BY id DESC LIMIT ?", (run_id, run_id, run_id, limit),
             ).fetchall()
             points = [TrendPoint(run=int(run), started=float(started), status=status,
                                  parent=None if parent is None else int(parent),
@@ -503,7 +667,7 @@ class AuditStore:
 
     def _run_info(self, row: Sequence[Any]) -> RunInfo:
         (run_id, started, finished, status, args, duration, parent, remediation, counts_text,
-         pruned) = row
+         pruned, site, controller) = row
         counts = self._counts(int(run_id), counts_text)
         total = sum(counts.values())
         return RunInfo(
@@ -514,7 +678,7 @@ class AuditStore:
             unreachable_count=total - sum(counts.get(health, 0) for health in PROBED_HEALTHS),
             parent=None if parent is None else int(parent),
             remediation=None if remediation is None else json.loads(remediation),
-            pruned=pruned,
+            pruned=pruned, site=site, controller=controller,
         )
 
     def _scalar(self, query: str, *params: Any) -> float | None:
@@ -525,7 +689,7 @@ class AuditStore:
     # -- lifetime --------------------------------------------------------------------------------------
 
     def close(self) -> None:
-        with self._lock:
+        with self._lock, contextlib.suppress(*self._errors):  # a lost connection is closed already
             self._conn.close()
 
     def __enter__(self) -> AuditStore:
@@ -537,15 +701,18 @@ class AuditStore:
         self.close()
 
 
-_RUN_COLUMNS = "id, started, finished, status, args, duration, parent, remediation, counts, pruned"
+_RUN_COLUMNS = ("id, started, finished, status, args, duration, parent, remediation, counts, pruned, site,"
+                " controller")
+_RETRIES = 3
 _RESULT_COLUMNS = ("n.name, s.node, s.ctid, s.status, s.error, t.duration, s.facts, t.delta, s.ignored,"
                    " s.node_facts, s.findings")
 
 # Per target, the results later runs go on from (see prune): its newest, its newest probed, its newest in
 # a complete run. Each is a walk backwards on target_results_by_target, one per target.
 _KEEPERS = """
-INSERT OR IGNORE INTO keep (target, run)
-SELECT id, (SELECT t.run FROM target_results t WHERE t.target = n.id ORDER BY t.run DESC LIMIT 1)
+INSERT INTO keep (target, run) SELECT target, run FROM (
+SELECT id AS target,
+       (SELECT t.run FROM target_results t WHERE t.target = n.id ORDER BY t.run DESC LIMIT 1) AS run
   FROM targets n
 UNION
 SELECT id, (SELECT t.run FROM target_results t JOIN states s ON s.id = t.state
@@ -553,6 +720,7 @@ SELECT id, (SELECT t.run FROM target_results t JOIN states s ON s.id = t.state
 UNION
 SELECT id, (SELECT t.run FROM target_results t JOIN runs r ON r.id = t.run
              WHERE t.target = n.id AND r.status = 'complete' ORDER BY t.run DESC LIMIT 1) FROM targets n
+) AS keepers WHERE run IS NOT NULL
 """
 
 

@@ -6,6 +6,7 @@ probed (wins over 3); 2 bad input (policy, options); 1 anything else failed.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +33,18 @@ if TYPE_CHECKING:
     from fleetfix.audit import AuditRun, AuditStore
     from fleetfix.audit.notify import NotifyConfig
 
-DB_HELP = "History database (default: $FLEETFIX_AUDIT_DB, else <state dir>/audit.db)."
+DB_HELP = ("History database: an SQLite file, or postgresql://USER@HOST[:PORT]/DB[?password=@env:NAME] "
+           "(needs fleetfix[postgres]; default: $FLEETFIX_AUDIT_DB, else <state dir>/audit.db).")
 _DB = click.option("--db", type=click.Path(dir_okay=False), default=None, help=DB_HELP)
+_SITE_FILTER = click.option("--site", default=None, metavar="SITE",
+                            help="Only the runs of this site (default: every site).")
 
 
 def _store(db: str | None, *, readonly: bool = False) -> AuditStore:
-    from fleetfix.audit import AuditStore, default_db_path
+    from fleetfix.audit import AuditStore
+    from fleetfix.audit.store import default_db
 
-    return AuditStore(db or default_db_path(), readonly=readonly)
+    return AuditStore(default_db(db), readonly=readonly)
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,8 @@ class _AuditChoice:
     db: str | None
     deep: bool
     remediate_path: str | None
+    site: str | None
+    controller: str | None
 
 
 # The usage line says so explicitly: the subcommand is optional (click releases disagree on what to infer).
@@ -59,6 +66,12 @@ class _AuditChoice:
               help="Policy YAML (default: the built-in policy; see docs/audit.md).")
 @_DB
 @click.option("--deep", is_flag=True, help="Also import torch and the extensions (slower, touches the GPU).")
+@click.option("--site", default=None, metavar="SITE",
+              help="The site this audit covers, recorded with its run: drift compares only runs of the same "
+                   "site (default: $FLEETFIX_AUDIT_SITE, else 'default').")
+@click.option("--controller", default=None, metavar="NAME",
+              help="Who runs the audit, recorded with its run (default: $FLEETFIX_AUDIT_CONTROLLER, else "
+                   "this machine's host name).")
 @report_options("audit")
 @click.option("--remediate", "remediate_path", metavar="PLAYBOOK", type=click.Path(dir_okay=False),
               default=None, help="After the audit, apply PLAYBOOK to the targets with error findings and "
@@ -89,7 +102,6 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
         AuditStore,
         RemediatedAudit,
         Remedy,
-        default_db_path,
         load_policy,
         remediate_audit,
         run_audit,
@@ -113,9 +125,14 @@ def audit_group(ctx: click.Context, /, choice: _AuditChoice, report: ReportChoic
             "targets": len(resolved)}
     if remediate_path:
         args.update(remediate=remediate_path, check=rollout.check)
-    db_path = Path(db) if db else default_db_path()
-    # One audit per history at a time (fleetfix.audit.lock): a second one exits instead of interleaving.
-    with exclusive_audit(db_path), AuditStore(db_path) as store, fleet_options.open() as fleet:
+    from fleetfix.audit.store import default_db
+
+    history = default_db(db)
+    # One audit per history (an SQLite file: fleetfix.audit.lock) or per site of a shared PostgreSQL
+    # history (AuditStore.audit_lock) at a time: a second one exits instead of interleaving.
+    file_lock = exclusive_audit(history) if isinstance(history, Path) else contextlib.nullcontext()
+    with (file_lock, AuditStore(history, site=choice.site, controller=choice.controller) as store,
+          store.audit_lock(), fleet_options.open() as fleet):
         fleet.start_connecting(resolved)  # the handshakes overlap the rest of the set-up
         with ProbeProgress(len(resolved), enabled=not report.as_json) as progress:
             # A remediation records the audit's results again (its re-probe run): with their facts.
@@ -160,31 +177,35 @@ def _notified(config: NotifyConfig, run: AuditRun, store: AuditStore) -> AuditRu
 
 @audit_group.command("history")
 @_DB
+@_SITE_FILTER
 @click.option("-n", "--last", "count", type=click.IntRange(1, 1_000_000), default=20, show_default=True,
               help="How many runs.")
 @report_options("audit-history")
 @handle_errors
-def audit_history(db: str | None, count: int, report: ReportChoice) -> None:
-    """List recorded audit runs, newest first."""
+def audit_history(db: str | None, site: str | None, count: int, report: ReportChoice) -> None:
+    """List recorded audit runs, newest first (of every site, or of --site)."""
     from fleetfix.audit import AuditHistory
 
     with _store(db, readonly=True) as store:
-        history = AuditHistory(store.runs(limit=count))
+        history = AuditHistory(store.runs(limit=count, site=site))
     report.emit(history)
 
 
 @audit_group.command("show")
 @click.argument("run_ref", metavar="RUN")
 @_DB
+@_SITE_FILTER
 @report_options("audit")
 @click.option("--verbose-findings", is_flag=True, help="Also list info findings.")
 @handle_errors
-def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findings: bool) -> None:
-    """Re-render a recorded run (a number, or `last`), with its drift against the run before it."""
+def audit_show(run_ref: str, db: str | None, site: str | None, report: ReportChoice,
+               verbose_findings: bool) -> None:
+    """Re-render a recorded run (a number, or `last`: of --site if given), with its drift against the
+    run of its own site before it."""
     from fleetfix.audit import load_audit
 
     with _store(db, readonly=True) as store:
-        run = load_audit(store, store.resolve(run_ref), facts=report.facts)
+        run = load_audit(store, store.resolve(run_ref, site=site), facts=report.facts)
     report.emit(run, verbose=verbose_findings)
 
 
@@ -192,9 +213,10 @@ def audit_show(run_ref: str, db: str | None, report: ReportChoice, verbose_findi
 @click.argument("old_ref", metavar="RUN1")
 @click.argument("new_ref", metavar="RUN2")
 @_DB
+@_SITE_FILTER
 @report_options("audit-diff")
 @handle_errors
-def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice) -> None:
+def audit_diff(old_ref: str, new_ref: str, db: str | None, site: str | None, report: ReportChoice) -> None:
     """What changed from RUN1 to RUN2: findings new / resolved, targets appeared / vanished / unreachable."""
     from fleetfix.audit.drift import compute_drift
 
@@ -202,8 +224,8 @@ def audit_diff(old_ref: str, new_ref: str, db: str | None, report: ReportChoice)
         # Drift compares findings and reachability, not facts, which are most of a large run's bytes
         # (docs/performance.md). It reads a target's facts only where a policy change may explain an
         # EXTENSION_MISSING change (store.facts_of), so it is computed while the store is open.
-        old = store.load(store.resolve(old_ref), facts=False)
-        new = store.load(store.resolve(new_ref), facts=False)
+        old = store.load(store.resolve(old_ref, site=site), facts=False)
+        new = store.load(store.resolve(new_ref, site=site), facts=False)
         drift = compute_drift(old, new, facts_of=store.facts_of)
     report.emit(drift)
 
@@ -231,17 +253,47 @@ def audit_prune(db: str | None, keep_days: float, vacuum: bool) -> None:
     Example (nightly, after the audit):
       fleetfix audit prune --keep-days 90
     """
-    from fleetfix.audit import AuditStore, default_db_path
+    from fleetfix.audit import AuditStore
     from fleetfix.audit.lock import exclusive_audit
+    from fleetfix.audit.store import default_db
 
-    db_path = Path(db) if db else default_db_path()
-    if not db_path.is_file():
-        raise ConfigError("no audit database here (a typo in --db?)", path=str(db_path))
-    # Under the audit lock: an audit running now would otherwise lose the baseline it is comparing with.
-    with exclusive_audit(db_path), AuditStore(db_path) as store:
+    history = default_db(db)
+    if isinstance(history, Path) and not history.is_file():
+        raise ConfigError("no audit database here (a typo in --db?)", path=str(history))
+    # SQLite: under the audit lock, as an audit running now would otherwise lose the baseline it is
+    # comparing with. PostgreSQL: audits of other sites go on; prune's one transaction keeps what each
+    # target's next result goes on from (its newest results) and never touches a site's newest run on.
+    file_lock = exclusive_audit(history) if isinstance(history, Path) else contextlib.nullcontext()
+    with file_lock, AuditStore(history, create=False) as store:
         pruned = store.prune(keep_days=keep_days)
         if vacuum:
             store.vacuum()
     click.echo(f"pruned {pruned.results} result(s) of {pruned.runs} run(s) older than {keep_days:g} days "
                f"({pruned.states} target state(s), {pruned.blobs} document(s) no longer used)"
                + ("; database vacuumed" if vacuum else ""))
+
+
+@audit_group.command("migrate")
+@_DB
+@handle_errors
+def audit_migrate(db: str | None) -> None:
+    """Upgrade the history's schema to this fleetfix's (an older one is refused until then).
+
+    \b
+    Back the database up first; each version's step is one transaction. With several controllers on one
+    PostgreSQL history, upgrade fleetfix on all of them and run this once.
+    """
+    from fleetfix.audit import AuditStore
+    from fleetfix.audit.lock import exclusive_audit
+    from fleetfix.audit.store import default_db
+
+    history = default_db(db)
+    if isinstance(history, Path) and not history.is_file():
+        raise ConfigError("no audit database here (a typo in --db?)", path=str(history))
+    file_lock = exclusive_audit(history) if isinstance(history, Path) else contextlib.nullcontext()
+    with file_lock, AuditStore(history, migrate=True) as store:
+        found, current = store.migrated_from, store.schema_version
+    if found == current:
+        click.echo(f"audit database schema v{current}: up to date")
+    else:
+        click.echo(f"audit database schema upgraded from v{found} to v{current}")

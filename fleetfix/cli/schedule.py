@@ -81,6 +81,18 @@ def _absolute(path: str, cwd: Path) -> str:
     return os.path.normpath(cwd / os.path.expanduser(path))
 
 
+def is_url(value: object) -> bool:
+    from fleetfix.audit.backend import is_url as url
+
+    return url(value)
+
+
+def check_url(url: str) -> None:
+    from fleetfix.audit.backend import check_url as check
+
+    check(url)
+
+
 def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
     """The audit options as the scheduled run must get them: parsed with the audit's own parser (a typo
     fails now), every path absolute and checked, the implicit inventory and run-record folder named.
@@ -100,6 +112,9 @@ def pin_audit_args(audit_args: Sequence[str], cwd: Path) -> list[str]:
             continue
         value, option = ctx.params[param.name], _option_name(param)
         kind = _kind(param.name)
+        if param.name == "db" and is_url(value):  # a PostgreSQL history: no path; never a password
+            check_url(value)
+            kind = None
         if kind is not None:
             pinned = [_absolute(str(item), cwd) for item in (value if param.multiple else [value])]
             for path in pinned:
@@ -165,7 +180,9 @@ def _spec(asked: _Schedule, audit_args: tuple[str, ...]) -> ScheduleSpec:
 
     cwd = Path.cwd()
     pinned = pin_audit_args(audit_args, cwd)
-    if db is not None:
+    if db is not None and is_url(db):
+        check_url(db)  # a password only as a reference: never in the unit file
+    elif db is not None:
         db = _absolute(db, cwd)
         problem = path_problem("output", db)
         if problem:

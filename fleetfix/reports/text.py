@@ -282,13 +282,19 @@ def _history(history: AuditHistory, out: Console, **options: Any) -> None:
     if not history.runs:
         out.file.write("no audit runs recorded\n")
         return
+    # A history of one site ("default": every history before sites) reads as it always did; with
+    # several, each run says where and by whom.
+    sites = any(run.site != "default" for run in history.runs)
     lines = [f"{'RUN':>5}  {'STARTED':<19}  {'STATUS':<10}  {'TARGETS':>7}  {'ERROR':>5}  "
-             f"{'UNREACH':>7}  DURATION"]
+             f"{'UNREACH':>7}  " + (f"{'DURATION':<8}  {'SITE':<12}  CONTROLLER" if sites else "DURATION")]
     for run in history.runs:
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
         duration = "-" if run.duration is None else f"{run.duration:.1f}s"
-        lines.append(f"{run.id:>5}  {started:<19}  {run.status:<10}  {run.target_count:>7}  "
-                     f"{run.error_count:>5}  {run.unreachable_count:>7}  {duration}")
+        line = (f"{run.id:>5}  {started:<19}  {run.status:<10}  {run.target_count:>7}  "
+                f"{run.error_count:>5}  {run.unreachable_count:>7}  {duration}")
+        if sites:
+            line = f"{line:<73}  {safe(run.site):<12}  {safe(run.controller or '-')}"
+        lines.append(line)
     out.file.write("\n".join(lines) + "\n")
 
 

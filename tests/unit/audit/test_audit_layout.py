@@ -8,6 +8,7 @@ import copy
 import dataclasses
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -86,11 +87,11 @@ def _night(store: AuditStore, day: int, results: list[TargetResult], *, complete
     return run_id
 
 
-def test_a_night_without_change_adds_one_small_row_per_target(tmp_path: Path) -> None:
+def test_a_night_without_change_adds_one_small_row_per_target(history: str | Path) -> None:
     facts = load_fixture("problem_case")
     fleet = [_probed(f"pve1/{ctid}", {**facts, "hostname": f"ct{ctid}"}, "DPKG_INTERRUPTED", "DISK_LOW")
              for ctid in range(200, 210)]
-    with AuditStore(tmp_path / "a.db") as store:
+    with AuditStore(history) as store:
         _night(store, 1, fleet)
         first = _counts(store)
         assert first == {"target_results": 10, "states": 10, "blobs": 10 + 1 + 1, "targets": 10}
@@ -100,9 +101,9 @@ def test_a_night_without_change_adds_one_small_row_per_target(tmp_path: Path) ->
     assert list(loaded.targets) == fleet
 
 
-def test_the_leaves_that_move_every_night_are_a_delta_not_a_new_copy(tmp_path: Path) -> None:
+def test_the_leaves_that_move_every_night_are_a_delta_not_a_new_copy(history: str | Path) -> None:
     facts = load_fixture("healthy")
-    with AuditStore(tmp_path / "a.db") as store:
+    with AuditStore(history) as store:
         _night(store, 1, [_probed("pve1/200", facts)])
         blobs = _counts(store)["blobs"]
         moved = copy.deepcopy(facts)
@@ -121,8 +122,8 @@ def test_the_leaves_that_move_every_night_are_a_delta_not_a_new_copy(tmp_path: P
         assert store.load(2).targets[0].facts == moved
 
 
-def test_results_load_without_facts_for_drift_and_text(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_results_load_without_facts_for_drift_and_text(history: str | Path) -> None:
+    with AuditStore(history) as store:
         run = _night(store, 1, [_probed("pve1/200", load_fixture("healthy"), "DISK_LOW")])
         light = store.load(run, facts=False).targets[0]
     assert light.facts is None and [f.code for f in light.findings] == ["DISK_LOW"]
@@ -163,8 +164,9 @@ def _observed(store: AuditStore, run_id: int) -> dict[str, Any]:
     }
 
 
-def test_pruning_keeps_drift_since_trend_and_staleness_exactly(tmp_path: Path) -> None:
-    kept, pruned = AuditStore(tmp_path / "kept.db"), AuditStore(tmp_path / "pruned.db")
+def test_pruning_keeps_drift_since_trend_and_staleness_exactly(
+        history_factory: Callable[[], str | Path]) -> None:
+    kept, pruned = AuditStore(history_factory()), AuditStore(history_factory())
     with kept, pruned:
         for store in (kept, pruned):
             _history(store)
@@ -197,8 +199,8 @@ def test_pruning_keeps_drift_since_trend_and_staleness_exactly(tmp_path: Path) -
         pruned.vacuum()
 
 
-def test_prune_never_touches_the_newest_complete_run(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_prune_never_touches_the_newest_complete_run(history: str | Path) -> None:
+    with AuditStore(history) as store:
         only = _night(store, 1, [_probed("pve1/200", load_fixture("healthy"))])
         assert store.prune(keep_days=1, now=100 * DAY).runs == 0
         assert len(store.load(only).targets) == 1
@@ -253,7 +255,7 @@ def test_a_v4_database_is_converted_keeping_every_value(tmp_path: Path) -> None:
         conn.execute("INSERT INTO target_results (run, target, node, status, health, error)"
                      " VALUES (?, 'pve2/300', 'pve2', 'unreachable', 'unreachable', 'refused')", (run,))
     conn.close()
-    with AuditStore(path) as store:
+    with AuditStore(path, migrate=True) as store:
         second = store.load(2)
         missing = finding("EXTENSION_MISSING", "warning", extension="fla")
         assert second.target("pve1/200") == TargetResult(
@@ -270,7 +272,7 @@ def test_a_v4_database_is_converted_keeping_every_value(tmp_path: Path) -> None:
         assert "findings" not in tables and "target_results_v5" not in tables
 
 
-def test_a_projection_keeps_of_each_result_what_it_returns_deltas_included(tmp_path: Path) -> None:
+def test_a_projection_keeps_of_each_result_what_it_returns_deltas_included(history: str | Path) -> None:
     """The HTML report loads facts through its projection (issue 21): each result's facts as the
     projection of its whole facts, a result stored as a delta on its base included."""
     from fleetfix.audit.dashboard import matrix_facts
@@ -278,7 +280,7 @@ def test_a_projection_keeps_of_each_result_what_it_returns_deltas_included(tmp_p
     facts = load_fixture("healthy")
     moved = copy.deepcopy(facts)
     moved["gpu"]["driver_version"] = "575.1.2"  # a leaf the projection keeps, stored as a delta
-    with AuditStore(tmp_path / "a.db") as store:
+    with AuditStore(history) as store:
         other = _probed("pve1/201", load_fixture("toolkit_12_4"))
         _night(store, 1, [_probed("pve1/200", facts), other])
         second = _night(store, 2, [_probed("pve1/200", moved), other])

@@ -257,3 +257,24 @@ def test_schedule_show_prints_what_runs_and_what_would_fail(workdir: Path) -> No
     shown = CliRunner().invoke(main, ["schedule", "show", "--unit-dir", str(units)])
     assert f"# warning: it would fail: audit option --inventory (inventory): {workdir}/inventory.yaml: " \
            "no such file" in shown.stdout
+
+
+def test_a_postgresql_history_goes_into_the_unit_as_given_and_never_with_a_password(workdir: Path) -> None:
+    url = "postgresql://audit@127.0.0.1:5433/fleet?password=@file:/etc/fleetfix/pg-password"
+    build = ScheduleSpec.build
+    service = schedule.service_unit(build(ScheduleRequest(name="fleetfix-audit", audit_args=[], db=url)))
+    assert f"FLEETFIX_AUDIT_DB={url}" in service and "/fleet?" in service  # not made a path
+    with pytest.raises(ConfigError, match="a password in the URL") as refused:
+        build(ScheduleRequest(name="fleetfix-audit", audit_args=[], db="postgresql://audit:hunter2@127.0.0.1/fleet"))
+    assert "hunter2" not in str(refused.value)
+    units = workdir / "units"
+    plain = "postgresql://audit@127.0.0.1/fleet?password=plain"
+    cli = CliRunner().invoke(main, ["schedule", "install", "--unit-dir", str(units), "--",
+                                    "-i", "inventory.yaml", "--db", plain, "--site", "east"])
+    assert cli.exit_code == 2 and "must be a reference" in cli.output and "plain" not in cli.output
+    assert not units.exists() or not list(units.iterdir())
+    cli = CliRunner().invoke(main, ["schedule", "install", "--unit-dir", str(units), "--",
+                                    "-i", "inventory.yaml", "--db", url, "--site", "east"])
+    assert cli.exit_code == 0, cli.output
+    unit = (units / "fleetfix-audit.service").read_text()
+    assert url in unit and "--site east" in unit

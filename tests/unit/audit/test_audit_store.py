@@ -54,7 +54,12 @@ def test_old_database_is_migrated_in_place_keeping_its_runs(tmp_path: Path) -> N
     conn.execute("INSERT INTO target_results (run, target, node, status, health) "
                  "VALUES (1, 'pve1/200', 'pve1', 'ok', 'healthy')")
     conn.close()
-    with AuditStore(path) as store:
+    with pytest.raises(ConfigError, match=r"schema v1, this fleetfix needs v\d+: run `fleetfix audit"):
+        AuditStore(path)  # never upgraded silently
+    with pytest.raises(ConfigError, match=r"fleetfix audit migrate"):
+        AuditStore(path, readonly=True)
+    with AuditStore(path, migrate=True) as store:
+        assert store.migrated_from == 1
         run = store.load(1)
     assert [t.target for t in run.targets] == ["pve1/200"]
     assert run.targets[0].ignored == ()  # the v2 column, defaulted for old rows
@@ -76,7 +81,7 @@ def test_not_a_database_is_a_config_error(tmp_path: Path) -> None:
         AuditStore(path)
 
 
-def test_round_trip_of_results_and_findings(tmp_path: Path) -> None:
+def test_round_trip_of_results_and_findings(history: str | Path) -> None:
     result = TargetResult(
         target="pve1/200", node="pve1", ctid=200, status="ok",
         findings=(finding("DPKG_INTERRUPTED", pending_updates=3),
@@ -85,7 +90,7 @@ def test_round_trip_of_results_and_findings(tmp_path: Path) -> None:
         node_facts={"kernel_module_version": "570.124.06"},
     )
     down = TargetResult(target="pve2/300", node="pve2", ctid=300, status="unreachable", error="refused")
-    with AuditStore(tmp_path / "a.db") as store:
+    with AuditStore(history) as store:
         run_id = store.start_run({"limit": "tag:gpu"}, started=100.0)
         store.record_target(run_id, result)
         store.record_target(run_id, down)
@@ -98,8 +103,8 @@ def test_round_trip_of_results_and_findings(tmp_path: Path) -> None:
     assert (info.target_count, info.error_count, info.unreachable_count) == (2, 1, 1)
 
 
-def test_resolve_run_references(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_resolve_run_references(history: str | Path) -> None:
+    with AuditStore(history) as store:
         with pytest.raises(ConfigError, match="no audit runs"):
             store.resolve("last")
         first, second = store.start_run(), store.start_run()
@@ -111,8 +116,8 @@ def test_resolve_run_references(tmp_path: Path) -> None:
             store.load(99)
 
 
-def test_previous_complete_skips_incomplete_runs(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_previous_complete_skips_incomplete_runs(history: str | Path) -> None:
+    with AuditStore(history) as store:
         first = store.start_run()
         store.finish_run(first)
         store.start_run()  # never finished
@@ -175,8 +180,8 @@ def _record_run(store: AuditStore, started: float, *results: TargetResult, compl
     return run_id
 
 
-def test_since_is_carried_while_a_code_stays_and_restarts_when_it_went_away(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_since_is_carried_while_a_code_stays_and_restarts_when_it_went_away(history: str | Path) -> None:
+    with AuditStore(history) as store:
         _record_run(store, 100.0, _result("pve1/200", "DPKG_INTERRUPTED"), _result("pve1/201"))
         _record_run(store, 200.0, _result("pve1/200", "DPKG_INTERRUPTED", "DISK_LOW"),
                     _result("pve1/201", "DISK_LOW"))
@@ -193,16 +198,16 @@ def test_since_is_carried_while_a_code_stays_and_restarts_when_it_went_away(tmp_
         assert store.since(killed) == {}
 
 
-def test_since_of_stale_audit_follows_unprobed_results(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_since_of_stale_audit_follows_unprobed_results(history: str | Path) -> None:
+    with AuditStore(history) as store:
         _record_run(store, 100.0, _result("pve1/200", status="unreachable"))
         _record_run(store, 200.0, _result("pve1/200", "STALE_AUDIT", status="unreachable"))
         third = _record_run(store, 300.0, _result("pve1/200", "STALE_AUDIT", status="unreachable"))
         assert store.since(third) == {("pve1/200", "STALE_AUDIT"): 200.0}
 
 
-def test_trend_counts_health_per_run_for_the_last_complete_runs(tmp_path: Path) -> None:
-    with AuditStore(tmp_path / "a.db") as store:
+def test_trend_counts_health_per_run_for_the_last_complete_runs(history: str | Path) -> None:
+    with AuditStore(history) as store:
         first = _record_run(store, 100.0, _result("pve1/200"), _result("pve1/201", "DISK_LOW"))
         second = _record_run(store, 200.0, _result("pve1/200", status="unreachable"),
                              _result("pve1/201", "DPKG_INTERRUPTED"), _result("pve1/202"))
@@ -268,7 +273,7 @@ def test_v3_database_gets_since_backfilled_from_its_history(tmp_path: Path) -> N
             conn.execute("INSERT INTO findings (run, target, seq, code, severity, summary)"
                          " VALUES (?, 'pve1/200', ?, ?, 'error', 's')", (run, seq, code))
     conn.close()
-    with AuditStore(path) as store:
+    with AuditStore(path, migrate=True) as store:
         assert store.since(3) == {("pve1/200", "DPKG_INTERRUPTED"): 100.0, ("pve1/200", "DISK_LOW"): 300.0}
         assert store.since(1) == {("pve1/200", "DPKG_INTERRUPTED"): 100.0}
 
@@ -358,3 +363,28 @@ def test_the_code_decides_not_the_wording(tmp_path: Path) -> None:
     assert failure_kind(error) is None
     assert str(describe_failure(tmp_path, error)).endswith("audit database error: UNIQUE constraint failed: "
                                                            "locked.full")
+
+
+def test_audit_migrate_upgrades_what_every_other_command_refuses(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from fleetfix.cli import main
+
+    path = tmp_path / "v5.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    migrate(conn, target_version=5)
+    conn.execute("INSERT INTO runs (started, status) VALUES (1.0, 'complete')")
+    conn.close()
+    for command in (["history"], ["show", "last"], ["prune", "--keep-days", "1"]):
+        refused = CliRunner().invoke(main, ["audit", *command, "--db", str(path)])
+        assert refused.exit_code == 2, refused.output
+        assert "schema v5, this fleetfix needs v6: run `fleetfix audit migrate`" in refused.output
+    done = CliRunner().invoke(main, ["audit", "migrate", "--db", str(path)])
+    assert done.exit_code == 0 and "upgraded from v5 to v6" in done.stdout, done.output
+    again = CliRunner().invoke(main, ["audit", "migrate", "--db", str(path)])
+    assert "v6: up to date" in again.stdout
+    history = CliRunner().invoke(main, ["audit", "history", "--db", str(path), "--json"])
+    assert [(r["id"], r["site"], r["controller"]) for r in json.loads(history.stdout)] == [
+        (1, "default", None)]
