@@ -7,7 +7,9 @@ of running it again, for as long as nothing has been changed since the batch ran
 
 The script (`batch_script`) runs each check as `/bin/sh -c CHECK` (the check passed as one quoted word, so a
 check's syntax can never reach the batch's own), stdin /dev/null, stdout and stderr into files of a private
-temporary directory, and only after every check has ended prints the frame:
+temporary directory on a tmpfs (/dev/shm, else /run: the batch must leave the guest's filesystems as it
+found them, as its checks do; a guest with neither gets no batch), and only after every check has ended
+prints the frame:
 
     fleetfix-checks NONCE
     INDEX RC START END          one line per check that ran, in order (START/END: /proc/uptime, or -)
@@ -64,7 +66,12 @@ def batch_script(checks: Sequence[str], nonce: str, *, stop_at_failure: bool) ->
     """The script that runs checks in order (with stop_at_failure, none after the first that fails) and
     prints the frame described in the module's docstring."""
     lines = [
-        "d=$(mktemp -d /tmp/fleetfix-checks.XXXXXX) || exit 97",
+        # Only a tmpfs takes the outputs: a check changes nothing on the guest, nor may its batch.
+        "d=''",
+        "while read -r _ m t _; do",
+        "  case $m:$t in /dev/shm:tmpfs) d=/dev/shm; break ;; /run:tmpfs) d=/run ;; esac",
+        "done 2>/dev/null </proc/self/mounts",
+        "[ -n \"$d\" ] && d=$(mktemp -d \"$d/fleetfix-checks.XXXXXX\") || exit 97",
         "trap 'rm -rf \"$d\"' EXIT",
         "h=''; f=''",
         "run() {",
@@ -92,7 +99,7 @@ def batch_script(checks: Sequence[str], nonce: str, *, stop_at_failure: bool) ->
 
 
 _RESULT = re.compile(rb"^([0-9]+) ([0-9]+) ([0-9.]+|-) ([0-9.]+|-)$")
-_SIZE = re.compile(rb"^ *([0-9]+) (/tmp/fleetfix-checks\.[A-Za-z0-9]+)/([0-9]+)\.([oe])$")
+_SIZE = re.compile(rb"^ *([0-9]+) (/(?:dev/shm|run)/fleetfix-checks\.[A-Za-z0-9]+)/([0-9]+)\.([oe])$")
 _TOTAL = re.compile(rb"^ *[0-9]+ total$")
 
 

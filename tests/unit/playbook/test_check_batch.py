@@ -70,8 +70,10 @@ def steps(run: TargetRun) -> list[tuple[Any, ...]]:
             for s in run.steps for r_s in [s.runs]]
 
 
-def both(book: Playbook, tmp_path: Path, facts: dict[str, Any], **kwargs: Any
-         ) -> tuple[tuple[TargetRun, Events, SubprocessTransport], tuple[TargetRun, Events, SubprocessTransport]]:
+Ran = tuple[TargetRun, Events, SubprocessTransport]
+
+
+def both(book: Playbook, tmp_path: Path, facts: dict[str, Any], **kwargs: Any) -> tuple[Ran, Ran]:
     """The same playbook, one script per check, then batched, each from the same starting directory."""
     out = []
     for batch in (False, True):
@@ -85,7 +87,8 @@ def both(book: Playbook, tmp_path: Path, facts: dict[str, Any], **kwargs: Any
 
 def test_a_noop_apply_is_one_round_trip_with_the_same_steps_and_records(tmp_path: Path,
                                                                          facts: dict[str, Any]) -> None:
-    (alone, alone_events, alone_sh), (batched, events, sh) = both(playbook_from(NOOP, tmp_path), tmp_path, facts)
+    book = playbook_from(NOOP, tmp_path)
+    (alone, alone_events, alone_sh), (batched, events, sh) = both(book, tmp_path, facts)
     assert len(alone_sh.scripts) == 4 and len(sh.scripts) == 1
     assert batched.status == "ok" and steps(batched) == steps(alone)
     assert events.scripts() == alone_events.scripts()
@@ -115,7 +118,7 @@ steps:
     # the batch ran the first two checks and stopped at the failing one; then apply, verify, and the
     # last step's check afresh, after the change
     assert len(sh.scripts) == 4
-    assert "echo made > marker" in sh.scripts[1] and "test -f marker" == sh.scripts[2]
+    assert "echo made > marker" in sh.scripts[1] and sh.scripts[2] == "test -f marker"
     assert sh.scripts[3].startswith("test -f marker && echo sees")
     [(_, batch)] = [e for e in events.events if e[0] == "check-batch"]
     assert batch["ran"] == 2 and len(batch["steps"]) == 3
