@@ -84,14 +84,31 @@ class Row:
 
 
 def recorded_scripts(state_dir: Path) -> dict[str, list[tuple[str, str, int | None]]]:
-    """The one run under state_dir: per target name, its scripts in order as (phase, script, rc)."""
+    """The one run under state_dir: per target name, the scripts that went to it in order, as (phase,
+    script, rc). A target's check batch (a `check-batch` event that was used) is one script, made again
+    from the checks it ran: outside check mode those are the target's first recorded scripts."""
+    from fleetfix.playbook.checkbatch import batch_script, new_nonce
     from fleetfix.playbook.records import list_runs, load_run
 
     [summary] = list_runs(state_dir)
     detail = load_run(state_dir, summary.run_id)
-    return {name: [(script.phase, script.script, script.rc)
-                   for step in record.steps for script in step.scripts]
-            for name, record in detail.targets.items()}
+    batches = {event["target"]: event for event in detail.events
+               if event.get("kind") == "check-batch" and event.get("ran")}
+    scripts: dict[str, list[tuple[str, str, int | None]]] = {}
+    for name, record in detail.targets.items():
+        ran = [((step.playbook, step.name), script) for step in record.steps for script in step.scripts]
+        runs = [(script.phase, script.script, script.rc) for _, script in ran]
+        batch = batches.get(name)
+        if batch is not None:
+            count = int(batch["ran"])
+            held = [(entry["playbook"], entry["step"]) for entry in batch["steps"][:count]]
+            if [where for where, _ in ran[:count]] != held or any(p != "check" for p, _, _ in runs[:count]):
+                raise RuntimeError(f"{name}: the check batch's checks are not its first scripts")
+            checks = [script for _, script, _ in runs[:count]]
+            batched = batch_script(checks, new_nonce(), stop_at_failure=True)
+            runs = [("check-batch", batched, 0), *runs[count:]]
+        scripts[name] = runs
+    return scripts
 
 
 def floor_plan(fleet: Bed, scripts: dict[str, list[tuple[str, str, int | None]]]) -> dict[str, Any]:
