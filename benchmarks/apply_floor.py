@@ -11,7 +11,9 @@ the apt repository stand-in of tests/lab/aptrepo.py served on 127.0.0.1), in thi
 2. apply-noop: the same command again: nothing to change, every step's check passes;
 3. probe: `fleetfix probe -i inventory.yaml --json` on the same fleet;
 4. floor-noop: the scripts apply-noop ran, taken byte for byte from its run record (--state-dir: every
-   `script-start` event holds the rendered script as it went to the target), run on the same containers;
+   `script-start` event holds the rendered script as it went to the target; a target's check batch, the
+   checks apply sent as one script, is made again from them and its `check-batch` event), run on the same
+   containers;
 5. the containers are made again as the problem case, then floor-change: the scripts apply-change ran.
 
 A floor run is one process with no SSH and no controller logic: per node (at most `forks` nodes at once,
