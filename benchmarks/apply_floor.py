@@ -11,7 +11,9 @@ the apt repository stand-in of tests/lab/aptrepo.py served on 127.0.0.1), in thi
 2. apply-noop: the same command again: nothing to change, every step's check passes;
 3. probe: `fleetfix probe -i inventory.yaml --json` on the same fleet;
 4. floor-noop: the scripts apply-noop ran, taken byte for byte from its run record (--state-dir: every
-   `script-start` event holds the rendered script as it went to the target), run on the same containers;
+   `script-start` event holds the rendered script as it went to the target; a target's check batch, the
+   checks apply sent as one script, is made again from them and its `check-batch` event), run on the same
+   containers;
 5. the containers are made again as the problem case, then floor-change: the scripts apply-change ran.
 
 A floor run is one process with no SSH and no controller logic: per node (at most `forks` nodes at once,
@@ -84,14 +86,31 @@ class Row:
 
 
 def recorded_scripts(state_dir: Path) -> dict[str, list[tuple[str, str, int | None]]]:
-    """The one run under state_dir: per target name, its scripts in order as (phase, script, rc)."""
+    """The one run under state_dir: per target name, the scripts that went to it in order, as (phase,
+    script, rc). A target's check batch (a `check-batch` event that was used) is one script, made again
+    from the checks it ran: outside check mode those are the target's first recorded scripts."""
+    from fleetfix.playbook.checkbatch import batch_script, new_nonce
     from fleetfix.playbook.records import list_runs, load_run
 
     [summary] = list_runs(state_dir)
     detail = load_run(state_dir, summary.run_id)
-    return {name: [(script.phase, script.script, script.rc)
-                   for step in record.steps for script in step.scripts]
-            for name, record in detail.targets.items()}
+    batches = {event["target"]: event for event in detail.events
+               if event.get("kind") == "check-batch" and event.get("ran")}
+    scripts: dict[str, list[tuple[str, str, int | None]]] = {}
+    for name, record in detail.targets.items():
+        ran = [((step.playbook, step.name), script) for step in record.steps for script in step.scripts]
+        runs = [(script.phase, script.script, script.rc) for _, script in ran]
+        batch = batches.get(name)
+        if batch is not None:
+            count = int(batch["ran"])
+            held = [(entry["playbook"], entry["step"]) for entry in batch["steps"][:count]]
+            if [where for where, _ in ran[:count]] != held or any(p != "check" for p, _, _ in runs[:count]):
+                raise RuntimeError(f"{name}: the check batch's checks are not its first scripts")
+            checks = [script for _, script, _ in runs[:count]]
+            batched = batch_script(checks, new_nonce(), stop_at_failure=True)
+            runs = [("check-batch", batched, 0), *runs[count:]]
+        scripts[name] = runs
+    return scripts
 
 
 def floor_plan(fleet: Bed, scripts: dict[str, list[tuple[str, str, int | None]]]) -> dict[str, Any]:
@@ -261,14 +280,17 @@ def remake_problem_case(fleet: Bed) -> None:
 
 
 def measure_apply(fleet: Bed, repo_url: str, *, forks: int = DEFAULT_FORKS,
-                  channels: int = DEFAULT_CHANNELS) -> list[Row]:
-    """The five runs on a bed whose containers are the problem case (see the module's docstring)."""
+                  channels: int = DEFAULT_CHANNELS, floors: bool = True) -> list[Row]:
+    """The five runs on a bed whose containers are the problem case (see the module's docstring); without
+    floors, the first three."""
     rundir = write_cli_inventory(fleet, fleet.nodes, fleet.workdir / "apply")
     (rundir / "playbooks").mkdir(exist_ok=True)
     shutil.copy(REPO / PLAYBOOK, rundir / PLAYBOOK)
     rows = [apply(fleet, "apply-change", rundir, repo_url, forks)]
     rows.append(apply(fleet, "apply-noop", rundir, repo_url, forks))
     rows.append(_cli(fleet, "probe", ["probe", "-i", "inventory.yaml", "--json", f"--forks={forks}"], rundir))
+    if not floors:
+        return rows
     rows.append(floor(fleet, "floor-noop", rundir / "state-apply-noop", rundir, forks, channels))
     remake_problem_case(fleet)
     rows.append(floor(fleet, "floor-change", rundir / "state-apply-change", rundir, forks, channels))
@@ -282,9 +304,10 @@ def ratios(rows: Sequence[Row]) -> dict[str, dict[str, float]]:
         return {"wall": round(by[a].wall_s / by[b].wall_s, 2),
                 "cpu": round(by[a].cpu_s / max(by[b].cpu_s, 1e-3), 2)}
 
-    return {"apply-change / floor-change (target <= 1.15 wall)": ratio("apply-change", "floor-change"),
-            "apply-noop / probe (target <= 1.5 wall)": ratio("apply-noop", "probe"),
-            "apply-noop / floor-noop": ratio("apply-noop", "floor-noop")}
+    wanted = {"apply-change / floor-change (target <= 1.15 wall)": ("apply-change", "floor-change"),
+              "apply-noop / probe (target <= 1.5 wall)": ("apply-noop", "probe"),
+              "apply-noop / floor-noop": ("apply-noop", "floor-noop")}
+    return {name: ratio(a, b) for name, (a, b) in wanted.items() if a in by and b in by}
 
 
 def render(rows: Sequence[Row], *, nodes: int, cts: int, rtt_ms: float) -> str:
@@ -305,7 +328,7 @@ def render(rows: Sequence[Row], *, nodes: int, cts: int, rtt_ms: float) -> str:
 
 
 def run_bed(work: Path, nodes: int, cts: int, rtt_ms: float, *, forks: int = DEFAULT_FORKS,
-            channels: int = DEFAULT_CHANNELS, repo_url: str | None = None) -> list[Row]:
+            channels: int = DEFAULT_CHANNELS, repo_url: str | None = None, floors: bool = True) -> list[Row]:
     """repo_url: an apt repository stand-in already served (the e2e tests' session one), else one is
     built and served for this run."""
     from tests.e2e.scenarios import problem_case
@@ -319,7 +342,7 @@ def run_bed(work: Path, nodes: int, cts: int, rtt_ms: float, *, forks: int = DEF
                 problem_case(fleet.lab.nodes[node.name].container(ctid))
         url = repo.base_url if repo is not None else repo_url
         assert url is not None
-        return measure_apply(fleet, url, forks=forks, channels=channels)
+        return measure_apply(fleet, url, forks=forks, channels=channels, floors=floors)
     finally:
         fleet.close()
         if repo is not None:
@@ -336,6 +359,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--channels", type=int, default=DEFAULT_CHANNELS)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    parser.add_argument("--no-floor", action="store_true",
+                        help="only fleetfix's runs (the two applies and the probe): apply-noop / probe")
     parser.add_argument("--drive", type=Path, help=argparse.SUPPRESS)  # the floor driver's own process
     options = parser.parse_args(argv)
     if options.drive:
@@ -345,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="fleetfix-apply-floor-"))
     try:
         rows = run_bed(work, options.nodes, options.cts, options.rtt_ms, forks=options.forks,
-                       channels=options.channels)
+                       channels=options.channels, floors=not options.no_floor)
     finally:
         if not options.keep:
             shutil.rmtree(work, ignore_errors=True)

@@ -52,7 +52,7 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
             fleet.guest)
         options = RunOptions(vars=variables, check_mode=rollout.check, serial=rollout.serial,
                              max_fail_pct=rollout.max_fail, snapshots=rollout.snapshot_policy(),
-                             wheels=rollout.wheel_options())
+                             wheels=rollout.wheel_options(), batch_checks=True)
         hooks = RunHooks(recorder=recorder,
                          on_step=step_printer(verbose=verbose(), live=live) if show_steps else None,
                          on_output=None if live is None else live.on_output, redactor=redactor)

@@ -37,6 +37,14 @@ from fleetfix.errors import (
     TransportError,
 )
 from fleetfix.guests.transfer import DEFAULT_MAX_BYTES
+from fleetfix.playbook.checkbatch import (
+    MAX_BATCH_OUTPUT,
+    BatchedCheck,
+    batch_script,
+    batchable,
+    new_nonce,
+    parse_batch,
+)
 from fleetfix.playbook.clonebuild import CloneBuilds, CloneRun
 from fleetfix.playbook.model import Playbook
 from fleetfix.playbook.records import NullRecorder, Recorder
@@ -259,6 +267,8 @@ class RunContext:
     guard_for: GuardFor | None = None
     wheels: WheelOptions = field(default_factory=WheelOptions)
     sleep: Callable[[float], None] = time.sleep  # between apply attempts; tests pass a recorder of delays
+    # evaluate a target's checks ahead of their steps in one round trip (see _CheckBatch)
+    batch_checks: bool = False
 
 
 # --- one target ------------------------------------------------------------------------------------
@@ -343,6 +353,8 @@ class _StepRunner:
         self.runs: list[ScriptRun] = []
         self.started = time.monotonic()
         self.extra: dict[str, Any] = {}  # what a typed step adds to its registered value
+        self.prechecked: BatchedCheck | None = None  # its check's result from the target's check batch
+        self.acted = False  # ran more than its check (apply, or its type's part): the target may have changed
 
     @property
     def target(self) -> Target:
@@ -395,6 +407,25 @@ class _StepRunner:
                             duration=run.duration, timed_out=run.timed_out, error=None)
         return run
 
+    def _batched_check(self, script: str, batched: BatchedCheck) -> ScriptRun:
+        """The check's run as the batch saw it, recorded and shown as execute() records and shows a run
+        (its output handed on whole, stdout then stderr, as a transport without streaming does)."""
+        where = {"target": self.plan.target.name, "playbook": self.play.compiled.playbook.name,
+                 "step": self.step.name, "phase": "check", "attempt": 1}
+        self.recorder.event("script-start", **where, script=script)
+        if self.on_output is not None:
+            for stream, chunk in (("stdout", batched.stdout), ("stderr", batched.stderr)):
+                if chunk:
+                    self.on_output(self.plan.target, self.step.name, cast(Stream, stream), chunk)
+        duration = batched.duration if batched.duration is not None else 0.0
+        self.started = min(self.started, time.monotonic() - duration)  # the step took as long as its check
+        run = ScriptRun("check", 1, script, batched.rc, batched.stdout.decode(errors="replace"),
+                        batched.stderr.decode(errors="replace"), duration)
+        self.runs.append(run)
+        self.recorder.event("script-end", **where, rc=run.rc, stdout=run.stdout, stderr=run.stderr,
+                            duration=run.duration, timed_out=False, error=None)
+        return run
+
     def _sink(self, partial: dict[Stream, CappedOutput]) -> OutputSink:
         """The transport-level sink for this step's scripts: keeps the output in partial, and passes it to
         on_output with the target and step bound."""
@@ -424,7 +455,8 @@ class _StepRunner:
                 return self._result("failed", str(exc))
         action = self.step.action
         if rendered.check is not None:
-            checked = self.execute("check", rendered.check)
+            checked = (self._batched_check(rendered.check, self.prechecked) if self.prechecked is not None
+                       else self.execute("check", rendered.check))
             if checked.rc == 0 and not checked.timed_out:
                 return self._result("ok", _last_line(checked.stdout) or "check passed", checked)
             if rendered.apply is None and action is None:
@@ -445,6 +477,7 @@ class _StepRunner:
 
     def _typed(self, kind: StepType, rendered: Any) -> StepResult:
         """A typed step's own part (steps/), once its check, if it has one, did not pass."""
+        self.acted = True
         end: StepEnd = kind.run(self, rendered)
         assert end.run is None or isinstance(end.run, ScriptRun)
         self.extra = dict(end.registered)
@@ -470,6 +503,7 @@ class _StepRunner:
 
     def _apply(self, rendered: RenderedStep) -> StepResult:
         assert rendered.apply is not None
+        self.acted = True
         compiled = self.play.compiled
         attempts = self.step.retries + 1
         applied: ScriptRun | None = None
@@ -574,11 +608,16 @@ def _after_snapshot(guard: SnapshotGuard, status: TargetStatus) -> SnapshotOutco
 def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
     """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
     would_change = False
+    batch = _CheckBatch.run(target) if target.context.batch_checks else None
     for play in target.plan.plays:
         registered: dict[str, Any] = {}
         for planned in play.steps:
             runner = _StepRunner(target, play, planned, registered)
+            if batch is not None:
+                runner.prechecked = batch.take(planned)
             result = runner.run(would_change_before=would_change)
+            if batch is not None and runner.acted and not target.context.check_mode:
+                batch = None  # the target may have changed: every later check runs afresh
             _record_step(target.context, target.plan.target, result)
             results.append(result)
             would_change = would_change or result.status == "would-change"
@@ -587,6 +626,86 @@ def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
             if result.status == "failed" and not result.ignored:
                 return f"step {result.name!r}: {result.reason}"
     return ""
+
+
+class _CheckBatch:
+    """A target's checks, evaluated ahead of their steps in one script (playbook/checkbatch.py).
+
+    Which checks: those of the steps, in order across the chain, whose check was rendered at plan time
+    (not one that uses `registered`), with no `timeout` of their own (a timeout keeps its exact meaning
+    in its own run) and short enough to pass as one argument. Steps skipped by `when` at plan time are
+    passed over. Outside check mode the batch ends before the first step that is none of these (it would
+    run something that may change the target, or a check that must wait for it) and stops at the first
+    check that fails (its step changes the target: every later check is out of date). In check mode
+    nothing changes, so every such check of the whole chain is in it.
+
+    Use: a step takes its check's result from the batch only while no step since the batch ran has run
+    anything but checks (`_run_plays` drops the batch at the first apply or typed step's part); the step
+    then records that run (script-start, script-end) and shows its output as if it had run it itself.
+    A batch that fails to run or to parse is not used at all: every step runs its own check, as without it.
+    One `check-batch` event says what the batch held and whether it was used."""
+
+    def __init__(self, results: Mapping[int, BatchedCheck]) -> None:
+        self._results = dict(results)
+
+    def take(self, planned: PlannedStep) -> BatchedCheck | None:
+        return self._results.pop(id(planned), None)
+
+    @staticmethod
+    def candidates(plan: TargetPlan, check_mode: bool) -> list[tuple[PlannedPlay, PlannedStep, str]]:
+        found: list[tuple[PlannedPlay, PlannedStep, str]] = []
+        for play in plan.plays:
+            for planned in play.steps:
+                if planned.skip_reason is not None:
+                    continue
+                rendered = planned.rendered
+                check = rendered.check if rendered is not None else None
+                if check is not None and planned.compiled.step.timeout is None and batchable(check):
+                    found.append((play, planned, check))
+                elif not check_mode:
+                    return found
+        return found
+
+    @classmethod
+    def run(cls, target: _TargetState) -> _CheckBatch | None:
+        context = target.context
+        found = cls.candidates(target.plan, context.check_mode)
+        if len(found) < 2:  # one check is one round trip either way
+            return None
+        nonce = new_nonce()
+        script = batch_script([check for _, _, check in found], nonce, stop_at_failure=not context.check_mode)
+        output = bytearray()
+
+        def keep(stream: Stream, chunk: bytes) -> None:
+            if stream == "stdout" and len(output) <= MAX_BATCH_OUTPUT:
+                output.extend(chunk)
+
+        started = time.monotonic()
+        error: str | None = None
+        parsed: list[BatchedCheck] | None = None
+        try:
+            # No timeout: no check in it has one, as none of those steps' own runs would.
+            result = run_script(target.transport, script, on_output=keep)
+        except TransportError as exc:
+            error = f"not run: {exc}"
+        else:
+            if result.stdout and not output:  # a transport that hands no output on as it comes
+                output.extend(result.stdout.encode(errors="surrogateescape"))
+            if len(output) > MAX_BATCH_OUTPUT or result.dropped:
+                error = "output over the batch's cap"
+            else:
+                parsed = parse_batch(bytes(output), nonce, len(found))
+                if parsed is None:
+                    error = f"unreadable result (exit {result.exit_code})"
+        context.recorder.event(
+            "check-batch", target=target.plan.target.name,
+            steps=[{"playbook": play.compiled.playbook.name, "step": planned.compiled.step.name}
+                   for play, planned, _ in found],
+            ran=len(parsed) if parsed is not None else None, duration=time.monotonic() - started,
+            error=error)
+        if parsed is None:
+            return None
+        return cls({id(planned): checked for (_, planned, _), checked in zip(found, parsed, strict=False)})
 
 
 def _record_step(context: RunContext, target: Target, result: StepResult) -> None:
@@ -633,7 +752,9 @@ class RunOptions:
     check_mode: the dry run (only `when` and `check` run; nothing is snapshotted or cloned).
     serial: targets per batch; max_fail_pct: no new batch once more than this percentage of all targets
     failed or were unreachable. snapshots: snapshot each target before its first change (also when any
-    playbook of the chain says `snapshot: true`), never in check mode. wheels: the wheel cache."""
+    playbook of the chain says `snapshot: true`), never in check mode. wheels: the wheel cache.
+    batch_checks: evaluate each target's checks ahead of their steps in one round trip (_CheckBatch);
+    `fleetfix apply` does."""
 
     vars: Mapping[str, Any] = field(default_factory=dict)
     check_mode: bool = False
@@ -641,6 +762,7 @@ class RunOptions:
     max_fail_pct: float | None = None
     snapshots: SnapshotPolicy | None = None
     wheels: WheelOptions | None = None
+    batch_checks: bool = False
 
 
 @dataclass(frozen=True)
@@ -699,6 +821,7 @@ def run_playbook(playbook: Playbook, targets: Sequence[Target], fleet: FleetAcce
         on_step = lambda target, result: show_step(target, _redacted_step(result, redact))  # noqa: E731
     context = RunContext(
         check_mode=options.check_mode, recorder=recorder, on_step=on_step, on_output=hooks.on_output,
+        batch_checks=options.batch_checks,
         guest_for=fleet.guest_for, guard_for=_guard_factory(policy, fleet.guest_for, recorder, playbook.name),
         # what a wheel's manifest records (its build command) is masked the same way
         wheels=replace(options.wheels, redact=redact.text,

@@ -52,11 +52,14 @@ def test_apply_fixes_two_containers_check_changes_nothing_and_rerun_is_a_noop(
     for report in probed:
         assert not TOOLKIT_CODES & {f["code"] for f in report["findings"]}, report["findings"]
 
+    execs = lab.node(None).pct_exec_count()
     again = run_cli("apply", PLAYBOOK, *targets, *mirror, *state, "--json")
     assert again.exit_code == 0
     for target in again.json()["targets"]:
         assert target["counts"]["changed"] == 0, target
         assert target["status"] == "ok"
+    # Per container: its facts, then every step's check in one batch (not one `pct exec` per check).
+    assert lab.node(None).pct_exec_count() - execs == 2 * 2
 
 
 def test_a_failing_container_is_reported_and_the_other_still_fixed(

@@ -82,7 +82,9 @@ class SubprocessTransport:
         if on_output is not None:  # not live, but every byte reaches the sink, as the protocol promises
             on_output("stdout", done.stdout)
             on_output("stderr", done.stderr)
-        return CommandResult(done.returncode, done.stdout.decode(), done.stderr.decode(),
+        # decoded as the real transports decode (output need not be UTF-8)
+        return CommandResult(done.returncode, done.stdout.decode(errors="replace"),
+                             done.stderr.decode(errors="replace"),
                              time.monotonic() - started)
 
 
