@@ -153,7 +153,7 @@ def test_a_new_step_type_is_one_module_plus_its_registry_line(tmp_path: Path) ->
     assert out["errors"] == {
         "apply": "apply.yaml:4: steps.0.apply: not with touch",
         "relative": "relative.yaml:4: steps.0.touch.path: an absolute path",
-        "unknown": "unknown.yaml:4: steps.0.touch.mode: unknown field",
+        "unknown": "unknown.yaml:4: steps.0.touch.mode: unknown field (expected one of: path)",
         "two": "two.yaml:4: steps.0.touch: a step is one of copy, fetch, wheels or touch, "
                "not fetch and touch",
     }
