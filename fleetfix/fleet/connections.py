@@ -263,11 +263,6 @@ class Connections:
         assert connection is not None
         return connection
 
-    @property
-    def spare_now(self) -> int:
-        with self._lock:
-            return len(self._spare)
-
     def start_connecting(self, targets: Sequence[Target], *, limit: int) -> None:
         """Open the targets' node connections in the background now, at most `limit` at once and no further
         ahead than there is spare room. A failure is kept in the node's slot and reported by the first use,
