@@ -5,6 +5,9 @@ Shape of a run:
 - targets are grouped by node (the node's connection key); at most `forks` nodes are worked on at once;
 - each node is connected once, before its targets fan out; a node that cannot be connected marks all its
   targets "unreachable" with the same one-line reason;
+- once a node's targets in this map are done, its connection is spare: kept for a later map while there is
+  room (`forks` spare connections, shared with dial-ahead), else closed (fleet/connections.py). So a run
+  holds at most 2 x forks connections (and paramiko threads) open, however many nodes it has;
 - a node's targets run concurrently, at most `channels_per_node` at a time (the connection's channel limit
   enforces the same bound for anything else running on it, such as node facts);
 - one target's failure never stops the others; results come back in input order (fleet/outcome.py);
@@ -86,7 +89,7 @@ def interrupt_all() -> int:
 
 
 def _ssh_nodes(targets: Sequence[Target]) -> int:
-    """How many SSH connections the targets' nodes hold open (this machine's nodes need none)."""
+    """How many SSH connections the targets' nodes need (this machine's nodes need none)."""
     return len({node_key(target) for target in targets if target.node.ssh is not None})
 
 
@@ -102,7 +105,9 @@ class Fleet:
         self.forks = forks
         self.channels_per_node = channels_per_node
         self.max_output = max_output
-        self._connections = Connections(connect, channels_per_node=channels_per_node, max_output=max_output)
+        # As many spare connections (dialled ahead, or idle for a later map) as nodes worked on at once.
+        self._connections = Connections(connect, channels_per_node=channels_per_node, max_output=max_output,
+                                        spare=forks)
         self._interrupted = threading.Event()
         with _live_fleets_lock:
             _live_fleets.add(self)
@@ -150,7 +155,7 @@ class Fleet:
         round trips of the SSH handshakes instead of preceding them. A failure is kept for the node and
         reported by `map`, as if it had connected there."""
         if not self._interrupted.is_set():
-            ensure_descriptors(_ssh_nodes(targets))
+            self._ensure_descriptors(targets)
             self._connections.start_connecting(targets, limit=self.forks)
 
     # -- running --------------------------------------------------------------------------------------
@@ -161,7 +166,7 @@ class Fleet:
     ) -> list[Outcome[R]]:
         """Call fn(target, transport) for every target; one Outcome per target, in input order. With start,
         each target is first offered to start (see `Pending`); fn runs for those it returns None for."""
-        ensure_descriptors(_ssh_nodes(targets))
+        self._ensure_descriptors(targets)
         run = _Map(self, targets, fn, start, on_event)
         by_node: dict[Hashable, list[int]] = {}
         for index, target in enumerate(targets):
@@ -173,6 +178,12 @@ class Fleet:
             with ThreadPoolExecutor(min(self.forks, len(groups))) as pool:
                 list(pool.map(run.run_node, groups))  # list(): re-raise a bug in an on_event handler
         return [outcome for outcome in run.outcomes if outcome is not None]
+
+    def _ensure_descriptors(self, targets: Sequence[Target]) -> None:
+        """The descriptors for the most connections open at once: the nodes worked on (forks) and the spare
+        ones (dialled ahead or idle), never more than the nodes."""
+        nodes = _ssh_nodes(targets)
+        ensure_descriptors(nodes, min(nodes, self.forks + self._connections.spare), self.forks)
 
     # -- lifetime -------------------------------------------------------------------------------------
 
@@ -204,6 +215,11 @@ class _Map(Generic[R]):
         self.outcomes: list[Outcome[R] | None] = [None] * len(targets)
 
     def run_node(self, indices: list[int]) -> None:
+        """One node's targets, over its connection while they run (then it is spare or closed)."""
+        with self.fleet._connections.working_on([self.targets[index] for index in indices]):
+            self._run_node(indices)
+
+    def _run_node(self, indices: list[int]) -> None:
         """One node's targets: on this thread if it is one, staged with `start`, else on threads."""
         if not self.fleet.interrupted:  # an interrupted Fleet does not even connect
             # Connect once, before fanning out. A failure is kept for the node and each target below

@@ -170,3 +170,61 @@ def test_thousand_nodes_mode_gives_every_node_its_own_address_and_host_key_entry
         assert f"REMOTE HOST IDENTIFICATION HAS CHANGED for [{bed.addresses[0]}]:{bed.port}" in checked.error
     finally:
         bed.close()
+
+
+def test_a_probe_of_more_nodes_than_forks_holds_forks_plus_spare_connections(tmp_path: Path) -> None:
+    """benchmarks/thousand_nodes.py's bed, 24 nodes x 2 containers, probed in this process at forks 2 with
+    dial-ahead: every target probed, each node connected once, and sampled throughout, never more than
+    2 x forks paramiko transports open (a thread each), and the process's threads (/proc/self/task) bounded
+    by forks, not by the nodes: each node's connection closes once its targets are done."""
+    import os
+    import threading
+
+    import paramiko
+
+    from benchmarks.thousand_nodes import FIRST_CTID, ManyAddressSshd
+    from fleetfix.fleet import Fleet
+    from fleetfix.probe.run import probe_targets
+    from fleetfix.target import GuestRef, NodeRef, SSHSettings, Target
+
+    nodes, forks = 24, 2
+    bed = ManyAddressSshd(tmp_path, nodes, 2)
+    try:
+        known_hosts = str(bed.known_hosts(tmp_path / "known_hosts"))
+        targets = []
+        for index, address in enumerate(bed.addresses):
+            settings = SSHSettings(address, bed.port, identity_file=str(bed.lab.client_key),
+                                   known_hosts=known_hosts, connect_timeout=30)
+            node = NodeRef(f"n{index:02d}", settings)
+            targets += [Target(f"n{index:02d}/{ctid}", node, GuestRef.lxc(ctid))
+                        for ctid in (FIRST_CTID, FIRST_CTID + 1)]
+        peaks = {"transports": 0, "threads": 0}
+        stop = threading.Event()
+
+        def sample() -> None:
+            while not stop.is_set():
+                open_now = sum(t.active for t in threading.enumerate() if isinstance(t, paramiko.Transport))
+                peaks["transports"] = max(peaks["transports"], open_now)
+                peaks["threads"] = max(peaks["threads"], len(os.listdir("/proc/self/task")))
+                stop.wait(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        before = len(os.listdir("/proc/self/task"))  # pytest's and the bed's own, the sampler's next
+        sampler.start()
+        try:
+            with Fleet(forks=forks) as fleet:
+                fleet.start_connecting(targets)
+                reports = probe_targets(fleet, targets)
+        finally:
+            stop.set()
+            sampler.join()
+        assert [report.error for report in reports] == [None] * len(targets)
+        assert bed.accepted() == nodes
+        assert 0 < peaks["transports"] <= 2 * forks, peaks
+        # Per fork: a map worker, a dialler, two connections' threads, a batch's thread; and the sampler.
+        # Per fork: a map worker, a dialler, its node's connection and a spare one (a paramiko thread each),
+        # its node's batch, and the connection and batch of the node it has just closed, still ending; and
+        # the sampler. The old code: a connection per node, 24 transports and 35 threads here.
+        assert peaks["threads"] - before <= 7 * forks + 1 < nodes, (peaks, before)
+    finally:
+        bed.close()

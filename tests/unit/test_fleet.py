@@ -340,20 +340,23 @@ def test_an_interrupt_starts_no_more_staged_targets_and_lets_the_started_finish(
     assert str(outcomes[2].error) == "interrupted: not started"
 
 
-def test_a_run_raises_the_soft_descriptor_limit_to_what_its_nodes_need() -> None:
-    """Every node's connection stays open for the run: 200 nodes under a soft limit of 300 would fail
-    nodes midway with EMFILE. The run raises the soft limit (up to the hard one) before dialling."""
+def test_a_run_raises_the_soft_descriptor_limit_to_what_its_connections_need() -> None:
+    """A run holds at most forks + spare (forks) connections open: 200 nodes at forks 200 under a soft limit
+    of 300 would fail nodes midway with EMFILE, so the run raises the soft limit (up to the hard one) before
+    dialling; at forks 32 the same nodes need room for 64 connections only."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1000:
         pytest.skip(f"the hard RLIMIT_NOFILE here is {hard}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+    targets = [target for index in range(200) for target in targets_on(f"n{index}", [100])]
     try:
-        targets = [target for index in range(200) for target in targets_on(f"n{index}", [100])]
-        outcomes = Fleet(connect=FakeConnector()).map(targets, echo)
-        assert all(outcome.ok for outcome in outcomes)
-        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (2 * 200 + 256, hard)
+        for forks, need in ((200, 2 * 200 + 256), (32, 2 * 64 + 256)):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (300, hard))
+            with Fleet(connect=FakeConnector(), forks=forks) as fleet:
+                outcomes = fleet.map(targets, echo)
+            assert all(outcome.ok for outcome in outcomes)
+            assert resource.getrlimit(resource.RLIMIT_NOFILE) == (need, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
@@ -367,13 +370,15 @@ def test_a_hard_descriptor_limit_too_low_is_refused_before_any_node_is_dialled(
 
     monkeypatch.setattr(resource, "getrlimit", lambda _which: (300, 500))
     connector = FakeConnector()
-    fleet = Fleet(connect=connector)
+    fleet = Fleet(connect=connector, forks=200)
     targets = [target for index in range(200) for target in targets_on(f"n{index}", [100])]
     for start in (lambda: fleet.start_connecting(targets), lambda: fleet.map(targets, echo)):
         with pytest.raises(ConfigError) as refused:
             start()
         assert str(refused.value) == (
-            "200 nodes need about 656 open files, and this process may open at most 500 (RLIMIT_NOFILE, "
-            "hard limit): raise it (`ulimit -n 656` as root, or LimitNOFILE=656 in the service's systemd "
-            "unit), or run on fewer nodes at once with --limit")
+            "200 nodes at --forks 200 hold up to 200 connections at once, which need about 656 open files, "
+            "and this process may open at most 500 (RLIMIT_NOFILE, hard limit): raise it (`ulimit -n 656` "
+            "as root, or LimitNOFILE=656 in the service's systemd unit), or lower --forks")
     assert not connector.attempts
+    monkeypatch.setattr(resource, "setrlimit", lambda _which, _limits: None)
+    assert all(o.ok for o in Fleet(connect=connector, forks=32).map(targets, echo))  # 64 at once: 384
