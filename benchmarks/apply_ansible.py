@@ -322,6 +322,17 @@ def recorded_vars(state_dir: Path) -> dict[str, Any]:
     raise RuntimeError(f"no rendered vars in the run under {state_dir}")
 
 
+def recorded_scripts(state_dir: Path) -> dict[str, int]:
+    """How many scripts the one run under state_dir ran (each its own `pct exec`), and how many of them
+    were a retry (attempt > 1)."""
+    from fleetfix.playbook.records import list_runs, load_run
+
+    [summary] = list_runs(state_dir)
+    scripts = [script for record in load_run(state_dir, summary.run_id).targets.values()
+               for step in record.steps for script in step.scripts]
+    return {"scripts": len(scripts), "retried_scripts": sum(1 for s in scripts if s.attempt > 1)}
+
+
 def check_nvcc(fleet: Bed, cuda_xy: str) -> list[str]:
     """The containers where /usr/local/cuda-X.Y/bin/nvcc does not report release X.Y (empty: all do)."""
     missing = []
@@ -359,6 +370,8 @@ def compare(fleet: Bed, repo_url: str, debs: Sequence[Path], playbook: Path, *, 
     values = playbook_vars(recorded_vars(rundir / "state-fleetfix-1st"))
     rows[-1].detail["nvcc_missing"] = check_nvcc(fleet, values["cuda_xy"])
     rows.append(run_fleetfix(fleet, "fleetfix-2nd", rundir, repo_url, forks))
+    for row in rows:
+        row.detail.update(recorded_scripts(rundir / f"state-{row.run}"))
 
     fresh(fleet, debs, remake=True)
     per_node = max(len(node.ctids) for node in fleet.nodes)
