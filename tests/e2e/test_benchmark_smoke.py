@@ -228,3 +228,68 @@ def test_a_probe_of_more_nodes_than_forks_holds_forks_plus_spare_connections(tmp
         assert peaks["threads"] - before <= 7 * forks + 1 < nodes, (peaks, before)
     finally:
         bed.close()
+
+
+def test_the_bed_serves_the_command_lines_proxmox_pct_remote_sends(bed: Bed, tmp_path: Path) -> None:
+    """benchmarks/apply_ansible.py's Ansible runs go through community.proxmox.proxmox_pct_remote 1.4.0,
+    which is not installed in CI (a 550 MB venv). What it sends is fixed, so it is replayed here with
+    paramiko as the plugin does it: one SSH session per command, `/usr/sbin/pct exec VMID -- CMD` joined by
+    spaces for the node's shell to split; put_file is `/bin/sh -c 'cat > PATH'` with the file on stdin
+    (no PTY), fetch_file `/bin/sh -c 'cat PATH'`, a module run `/bin/sh -c '/usr/bin/python3 PATH && sleep
+    0'` on a PTY. The project the benchmark writes points at the bed: every container, its node's proxy
+    endpoint with the node's host key, and the host key is checked."""
+    import shlex
+
+    import paramiko
+    import yaml
+
+    from benchmarks.apply_ansible import playbook_vars, write_ansible_project
+    from benchmarks.fleet_probe import enable_usr_sbin_pct
+
+    values = playbook_vars({"cuda_repo_url": "http://127.0.0.1:1/compute/cuda/repos/debian12/x86_64",
+                            "cuda_xy": "12.8", "cuda_packages": ["cuda-nvcc-12-8"],
+                            "keyring_version": "1.1-1", "apt_lock_timeout": 600})
+    project = write_ansible_project(bed, tmp_path / "ansible", 9, values)
+    assert "forks = 9" in (project / "ansible.cfg").read_text()
+    assert yaml.safe_load((project / "vars.yml").read_text()) == values
+    hosts = [line.split() for line in (project / "inventory.ini").read_text().splitlines()
+             if "proxmox_vmid=" in line]
+    assert len(hosts) == NODES * CTS
+    node, ctid = bed.nodes[0], bed.nodes[0].ctids[0]
+    assert hosts[0] == [f"{node.name}-{ctid}", f"ansible_host={node.address}",
+                        f"ansible_port={node.proxy_port}", f"proxmox_vmid={ctid}"]
+
+    enable_usr_sbin_pct(bed)
+    client = paramiko.SSHClient()
+    client.load_host_keys(str(project / "home" / ".ssh" / "known_hosts"))
+    client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    client.connect(node.address, port=node.proxy_port, username="root", key_filename=str(bed.lab.client_key),
+                   look_for_keys=False, allow_agent=False, timeout=30)
+
+    def pct_remote(cmd: str, *, data: bytes | None = None, pty: bool = False) -> tuple[int, bytes]:
+        transport = client.get_transport()
+        assert transport is not None
+        channel = transport.open_session()
+        if pty:
+            channel.get_pty(term="vt100", width=0, height=0)
+        channel.exec_command(" ".join(["/usr/sbin/pct", "exec", str(ctid), "--", cmd]))
+        if data is not None:
+            channel.sendall(data)
+            channel.shutdown_write()
+        out = b"".join(channel.makefile("rb", 4096))
+        return channel.recv_exit_status(), out
+
+    path = "/root/.ansible/tmp/ansible-tmp-1/AnsiballZ_probe.py"
+    module = b'import json, sys\nprint(json.dumps({"changed": False, "argv0": sys.argv[0]}))\nsys.exit(3)\n'
+    try:
+        assert pct_remote("/bin/sh -c " + shlex.quote(f"mkdir -p {path.rsplit('/', 1)[0]} && sleep 0"),
+                          pty=True) == (0, b"")
+        assert pct_remote("/bin/sh -c " + shlex.quote(f"cat > {path}"), data=module) == (0, b"")
+        assert pct_remote("/bin/sh -c " + shlex.quote(f"cat {path}")) == (0, module)
+        status, out = pct_remote("/bin/sh -c " + shlex.quote(f"/usr/bin/python3 {path} && sleep 0"), pty=True)
+        assert status == 3  # the module's exit status passes through the PTY path too
+        assert out.replace(b"\r\n", b"\n") == b'{"changed": false, "argv0": "%s"}\n' % path.encode()
+    finally:
+        client.close()
+    calls = bed.lab.nodes[node.name].pct_calls()
+    assert ["exec", str(ctid), "--", "/bin/sh", "-c", f"cat > {path}"] in calls  # the node's shell split it
