@@ -196,7 +196,8 @@ def test_the_site_filter_of_a_page_of_two_sites_runs_in_chromium() -> None:
     fixes = [f for f in dom.find("div", "fixes", class_="fix") if "hidden" not in f]
     assert fixes and {f["data-site"] for f in fixes} == {"west"}
     blocks = [values for _, values, _ in dom.elements if "site-block" in values.get("class", "").split()]
-    assert {(values["data-site"], "hidden" in values) for values in blocks} == {("east", True), ("west", False)}
+    assert {(values["data-site"], "hidden" in values) for values in blocks} == {
+        ("east", True), ("west", False)}
     # West's error targets, as its row of the sites table counts them, of both sites' targets.
     west = re.search(r'data-site="west">.*?<td class="num">(\d+)</td><td class="num h-error">(\d+)</td>',
                      page.read_text())
