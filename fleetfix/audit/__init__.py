@@ -68,6 +68,9 @@ class AuditRun:
     run: StoredRun
     drift: Drift
     history: History = field(default_factory=History)
+    # `audit show last` of a history of several sites: the newest run of every site, this one among them;
+    # the HTML page shows them all, every other format this run only. () otherwise.
+    sites: tuple[AuditRun, ...] = ()
     report_kind: ClassVar[str] = "audit"
 
     @property

@@ -15,6 +15,7 @@ of it, named.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import time
@@ -206,6 +207,7 @@ class ProblemGroup:
     nodes: tuple[tuple[str, int], ...]  # affected nodes, most affected first
     since: float | None  # the oldest since of any of its targets
     ignored: tuple[tuple[str, int], ...]  # codes the policy ignored on its targets, and on how many
+    site: str = ""  # on a page of several sites: the site of its targets (groups never span sites)
 
     @property
     def codes(self) -> tuple[str, ...]:
@@ -289,6 +291,7 @@ class GridRow:
     node: str
     cells: tuple[GridCell, ...]
     counts: tuple[tuple[str, int], ...]  # per health present, worst first
+    site: str = ""  # on a page of several sites: the node's site (the same name may be at two)
 
     @property
     def worst(self) -> str:
@@ -330,6 +333,7 @@ class FixCommand:
     left_out: tuple[str, ...] = ()  # targets whose names hold control characters
     copyable: bool = True  # False: the command itself holds control characters (shown escaped)
     hints: tuple[tuple[str, str], ...] = ()  # (code, what the fix does for it), when they differ
+    site: str = ""  # on a page of several sites: whose run's inventory the command selects from
 
 
 def targeting(args: Mapping[str, Any], targets: Sequence[TargetResult]) -> list[str]:
@@ -549,6 +553,38 @@ def version_matrix(results: Sequence[TargetResult]) -> VersionMatrix:
     return VersionMatrix(tuple(rows), torch_versions, toolkit_sets, pivot, unprobed)
 
 
+def merged_matrix(matrices: Sequence[VersionMatrix]) -> VersionMatrix:
+    """Several sites' matrices as one: the same combination at two sites is one row (their targets,
+    GPUs and nodes together). From the sites' rows, never their targets again."""
+    if len(matrices) == 1:
+        return matrices[0]
+    rows: dict[tuple[str, str, str, str, str], StackRow] = {}
+    for matrix in matrices:
+        for row in matrix.rows:
+            key = (row.torch_cuda, row.toolkits, row.driver, row.verdict, row.note)
+            had = rows.get(key)
+            if had is not None:
+                gpus = Counter(dict(had.gpus)) + Counter(dict(row.gpus))
+                nodes = Counter(dict(had.nodes)) + Counter(dict(row.nodes))
+                row = StackRow(row.torch_cuda, row.toolkits, row.driver, tuple(gpus.most_common()),
+                               had.targets + row.targets,
+                               tuple(sorted(nodes.items(),
+                                            key=lambda item: (-item[1], natural_key(item[0])))),
+                               row.verdict, row.note)
+            rows[key] = row
+    pivot: dict[tuple[str, str], tuple[int, str]] = {}
+    for matrix in matrices:
+        for cell, (count, verdict) in matrix.pivot.items():
+            had_count, worst = pivot.get(cell, (0, "ok"))
+            pivot[cell] = (had_count + count, min(worst, verdict, key=VERDICT_RANK.__getitem__))
+    ordered = sorted(rows.values(), key=lambda r: (VERDICT_RANK[r.verdict], -len(r.targets), r.torch_cuda,
+                                                   r.toolkits, r.driver))
+    return VersionMatrix(
+        tuple(ordered), tuple(sorted({r.torch_cuda for r in ordered}, key=_version, reverse=True)),
+        tuple(sorted({r.toolkits for r in ordered}, key=_version, reverse=True)), pivot,
+        sum(m.unprobed for m in matrices))
+
+
 # ---------------------------------------------------------------- drift
 
 
@@ -668,6 +704,27 @@ def _drift_items(changes: list[tuple[str, FindingChange]], since: dict[tuple[str
 
 
 @dataclass(frozen=True)
+class SiteView:
+    """One site's part of a page of several sites: its newest run, the drift against its own previous
+    run and its own trend."""
+
+    site: str
+    controller: str | None
+    run: int
+    status: str
+    started: float
+    counts: dict[str, int]  # per health, HEALTH_ORDER
+    total: int
+    drift: DriftView
+    trend: TrendChart
+    versions: VersionMatrix  # the site's own (the page shows all sites' together)
+    suffix: str  # what the ids of its drift and trend blocks end in: unique on the page
+
+    def age(self, since: float | None) -> str:
+        return "" if since is None else age(self.started - since)
+
+
+@dataclass(frozen=True)
 class Dashboard:
     glance: Glance
     drift: DriftView
@@ -678,6 +735,20 @@ class Dashboard:
     nodes: tuple[str, ...]
     codes: tuple[str, ...]  # every finding code present, for the filter
     started: float  # the run's start: ages are relative to it, never to the time of rendering
+    sites: tuple[SiteView, ...] = ()  # a page of several sites (build_sites_dashboard); () for one run
+
+    @property
+    def drift_blocks(self) -> tuple[tuple[SiteView | None, DriftView, Any], ...]:
+        """(site or None, drift, what ages are relative to) per drift block: one per site, or the run's."""
+        if not self.sites:
+            return ((None, self.drift, self),)
+        return tuple((site, site.drift, site) for site in self.sites)
+
+    @property
+    def trend_blocks(self) -> tuple[tuple[SiteView | None, TrendChart], ...]:
+        if not self.sites:
+            return ((None, self.glance.trend),)
+        return tuple((site, site.trend) for site in self.sites)
 
     @property
     def open_group(self) -> str | None:
@@ -706,4 +777,51 @@ def build_dashboard(run: AuditRun) -> Dashboard:
         nodes=tuple(sorted({r.node for r in results}, key=natural_key)),
         codes=tuple(codes),
         started=run.info.started,
+    )
+
+
+def _counts(results: Sequence[TargetResult]) -> dict[str, int]:
+    counts = dict.fromkeys(HEALTH_ORDER, 0)
+    for result in results:
+        counts[result.health] = counts.get(result.health, 0) + 1
+    return counts
+
+
+def build_sites_dashboard(runs: Sequence[AuditRun]) -> Dashboard:
+    """One page for the newest run of each of several sites (in site order): each site's problem groups,
+    grid rows and fix commands its own (a fix selects from its own run's inventory), its drift against its
+    own previous run and its own trend; the glance, filters and versions over all of them. Each site's
+    part is computed as a one-site page computes it, from what load_audit already read: no query here."""
+    runs = sorted(runs, key=lambda r: r.info.site)
+    sites: list[SiteView] = []
+    groups: list[ProblemGroup] = []
+    grid: list[GridRow] = []
+    fixes: list[FixCommand] = []
+    for index, run in enumerate(runs, start=1):
+        results, site = run.targets, run.info.site
+        site_groups = problem_groups(results, run.history.since)
+        # Group ids run on across sites: a grid cell links to its own site's group.
+        site_groups = tuple(dataclasses.replace(g, id=f"g{len(groups) + n}", site=site)
+                            for n, g in enumerate(site_groups, start=1))
+        groups += site_groups
+        grid += [dataclasses.replace(row, site=site) for row in grid_rows(results, site_groups)]
+        fixes += [dataclasses.replace(fix, site=site) for fix in fix_commands(results, run.info.args)]
+        sites.append(SiteView(site, run.info.controller, run.info.id, run.info.status, run.info.started,
+                              _counts(results), len(results), drift_view(run), trend_chart(run.history.trend),
+                              version_matrix(results), f"-s{index}"))
+    results = tuple(result for run in runs for result in run.targets)
+    bars, more = _code_bars(results)
+    fixes.sort(key=lambda c: (c.command is None, SEVERITY_RANK[c.severity], -len(c.targets),
+                              c.command or c.hint, c.site))
+    return Dashboard(
+        glance=Glance(len(results), _counts(results), trend_chart(()), bars, more),
+        drift=sites[0].drift,
+        grid=tuple(grid),
+        groups=tuple(groups),
+        fixes=tuple(fixes),
+        versions=merged_matrix([site.versions for site in sites]),
+        nodes=tuple(sorted({r.node for r in results}, key=natural_key)),
+        codes=tuple(sorted({f.code for r in results for f in r.findings})),
+        started=max(site.started for site in sites),
+        sites=tuple(sites),
     )

@@ -20,7 +20,7 @@ import jinja2
 from markupsafe import Markup
 
 from fleetfix.audit import AuditRun
-from fleetfix.audit.dashboard import build_dashboard
+from fleetfix.audit.dashboard import build_dashboard, build_sites_dashboard
 from fleetfix.audit.dashboard import when as short_when
 from fleetfix.audit.drift import Drift, FindingChange
 from fleetfix.audit.model import ALL_CODES, HEALTH_ORDER, TargetResult
@@ -238,6 +238,10 @@ def html_report(run: AuditRun) -> str:
 def html_pieces(run: AuditRun) -> Iterator[str]:
     """html_report's text in the pieces the template renders it in (written to the file as they come)."""
     template = _environment().get_template("report.html.j2")
+    if len(run.sites) > 1:
+        # Several sites on one page: each site's remediation is on its own page (`--site`).
+        return template.generate(run=run, info=run.info, dash=build_sites_dashboard(run.sites),
+                                 when=short_when, remediation=[])
     return template.generate(
         run=run, info=run.info, dash=build_dashboard(run), when=short_when,
         remediation=remediation_lines(run),

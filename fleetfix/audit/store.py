@@ -480,6 +480,13 @@ class AuditStore:
             return [self._run_info(row) for row in rows]
 
     @_guarded
+    def newest_per_site(self) -> list[int]:
+        """The newest run of each site, in site order (one query, whatever the history's size)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT MAX(id), site FROM runs GROUP BY site ORDER BY site").fetchall()
+        return [int(row[0]) for row in rows]
+
+    @_guarded
     def resolve(self, ref: str, *, site: str | None = None) -> int:
         """A run id from what a user typed: a number, or "last" / "latest" (newest run, of `site` if
         given; a numbered run of another site is an error then)."""

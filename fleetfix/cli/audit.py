@@ -201,11 +201,20 @@ def audit_history(db: str | None, site: str | None, count: int, report: ReportCh
 def audit_show(run_ref: str, db: str | None, site: str | None, report: ReportChoice,
                verbose_findings: bool) -> None:
     """Re-render a recorded run (a number, or `last`: of --site if given), with its drift against the
-    run of its own site before it."""
+    run of its own site before it. `last` of a history of several sites, without --site: the HTML page
+    shows the newest run of every site, each with its own drift and trend."""
+    import dataclasses
+
     from fleetfix.audit import load_audit
 
     with _store(db, readonly=True) as store:
         run = load_audit(store, store.resolve(run_ref, site=site), facts=report.facts)
+        if site is None and run_ref in ("last", "latest") and any(f.name == "html" for f, _ in report.files):
+            newest = store.newest_per_site()
+            if len(newest) > 1:
+                run = dataclasses.replace(run, sites=tuple(
+                    run if run_id == run.info.id else load_audit(store, run_id, facts=report.facts)
+                    for run_id in newest))
     report.emit(run, verbose=verbose_findings)
 
 

@@ -177,3 +177,32 @@ def test_the_dashboard_says_the_policy_changed_and_what_it_alone_changed(
                      r"\(sha256 [0-9a-f]{12}…\) ?\. By the policy alone, not counted above: 1 new, "
                      r"0 resolved, 0 changed finding\(s\)\.", drift), drift
     assert re.search(r"\+ new info GPU_NOT_VISIBLE .* 1 \S+/" + str(broken.ctid), drift), drift
+
+
+def test_the_site_filter_of_a_page_of_two_sites_runs_in_chromium() -> None:
+    """The golden page of two sites (tests/unit/audit/report_golden.py), opened with a site in its link:
+    the other site's grid rows, groups, fixes, drift, trend and row of the sites table step aside; the
+    same page without JavaScript shows both."""
+    browser = chromium()
+    page = Path(__file__).resolve().parents[1] / "unit" / "audit" / "golden" / "report-sites.html"
+    every = Dom(page.read_text())
+    assert {r["data-site"] for r in every.find("div", "fleet", class_="row")} == {"east", "west"}
+    dom = Dom(dump_dom(browser, page.as_uri() + "#site=west&health=error"))
+    rows = dom.find("div", "fleet", class_="row")
+    assert {r["data-site"] for r in rows if "hidden" not in r} == {"west"}
+    assert all("hidden" in r for r in rows if r["data-site"] == "east")
+    groups = [g for g in dom.find("details", "problems", class_="group") if "hidden" not in g]
+    assert groups and {(g["data-site"], g["data-health"]) for g in groups} == {("west", "error")}
+    fixes = [f for f in dom.find("div", "fixes", class_="fix") if "hidden" not in f]
+    assert fixes and {f["data-site"] for f in fixes} == {"west"}
+    blocks = [values for _, values, _ in dom.elements if "site-block" in values.get("class", "").split()]
+    assert {(values["data-site"], "hidden" in values) for values in blocks} == {
+        ("east", True), ("west", False)}
+    # West's error targets, as its row of the sites table counts them, of both sites' targets.
+    west = re.search(r'data-site="west">.*?<td class="num">(\d+)</td><td class="num h-error">(\d+)</td>',
+                     page.read_text())
+    east = re.search(r'data-site="east">.*?<td class="num">(\d+)</td><td class="num h-error">(\d+)</td>',
+                     page.read_text())
+    assert west and east
+    total = int(west.group(1)) + int(east.group(1))
+    assert f"showing {west.group(2)} of {total} targets" in dom.text("fleet")

@@ -1,5 +1,6 @@
 """Two controllers audit two sites of the test bed into one PostgreSQL history at the same time, two
-nights: each site's drift is its own, one history shows both, each site's dashboard its own. (Text
+nights: each site's drift is its own, one history shows both, each site's dashboard its own, and one
+dashboard shows both sites, each with its own drift. (Text
 history, --site filters, prune, a killed connection: tests/unit/audit/test_audit_sites.py.)"""
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fleetfix.audit import AuditStore, load_audit
+from fleetfix.audit.dashboard import build_sites_dashboard, matrix_facts
 from tests.e2e.conftest import REPO, host_args, run_cli
 from tests.lab.bed import Lab
 from tests.lab.container import Container
 from tests.lab.pgserver import PgServer
+from tests.unit.audit.audit_testkit import assert_versions_agree_with_problems
 
 
 def test_two_controllers_audit_two_sites_into_one_postgresql_history(
@@ -58,3 +62,21 @@ def test_two_controllers_audit_two_sites_into_one_postgresql_history(
     assert {r["status"] for r in history} == {"complete"}
     assert sorted((r["site"], r["controller"]) for r in history) == [("east", "ctl-east")] * 2 + [
         ("west", "ctl-west")] * 2
+
+    # One dashboard for both sites: each site's newest run, its drift against its own previous run.
+    page_path = tmp_path / "sites.html"
+    shown = run_cli("audit", "show", "last", "--db", url, "--html", str(page_path))
+    assert shown.exit_code in (0, 3), shown.stderr
+    page = page_path.read_text()
+    assert '<option value="east">' in page and '<option value="west">' in page
+    east_drift = page[page.index('id="drift-s1"'):page.index('id="drift-s2"')]
+    west_drift = page[page.index('id="drift-s2"'):page.index('<section id="fleet"')]
+    assert "Site east" in east_drift and "DPKG_INTERRUPTED" in east_drift and "1 new" in east_drift
+    assert "Site west" in west_drift and "No change since run" in west_drift
+    for site, ct in cts.items():
+        assert f'data-site="{site}"' in page and f"/{ct.ctid}" in page
+    with AuditStore(url, readonly=True) as store:
+        dash = build_sites_dashboard([load_audit(store, run_id, facts=matrix_facts)
+                                      for run_id in store.newest_per_site()])
+    assert [(s.site, s.controller) for s in dash.sites] == [("east", "ctl-east"), ("west", "ctl-west")]
+    assert_versions_agree_with_problems(dash)

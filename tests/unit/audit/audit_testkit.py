@@ -14,12 +14,12 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetfix.audit.dashboard import STACK_CODES, TOOLKIT_CODES, Dashboard
+from fleetfix.audit.dashboard import STACK_CODES, TOOLKIT_CODES, Dashboard, ProblemGroup, StackRow
 from fleetfix.errors import ConnectError
 from fleetfix.fleet import Fleet
 from fleetfix.probe import Finding, Fix, Severity
@@ -92,10 +92,22 @@ def finding(code: str, severity: str = "error", **evidence: Any) -> Finding:
 
 def assert_versions_agree_with_problems(dash: Dashboard) -> None:
     """Every target's Versions row says what its Problems group says of its version stack: the same worst
-    severity, and no "toolkit matches" for a CUDA a toolkit finding is about."""
-    group_of = {t.name: g for g in dash.groups for t in g.targets}
-    rows = [(name, row) for row in dash.versions.rows for name in row.targets]
-    probed = [t.name for g in dash.groups if g.health not in ("unreachable", "failed") for t in g.targets]
+    severity, and no "toolkit matches" for a CUDA a toolkit finding is about. A page of several sites:
+    each site's Versions against its own groups (a target name may be at two sites), and the page's
+    Versions is all sites' rows together."""
+    if dash.sites:
+        assert sum(len(r.targets) for r in dash.versions.rows) == sum(
+            len(r.targets) for s in dash.sites for r in s.versions.rows)
+        for site in dash.sites:
+            _versions_agree([g for g in dash.groups if g.site == site.site], site.versions.rows)
+        return
+    _versions_agree(dash.groups, dash.versions.rows)
+
+
+def _versions_agree(groups: Sequence[ProblemGroup], versions: Sequence[StackRow]) -> None:
+    group_of = {t.name: g for g in groups for t in g.targets}
+    rows = [(name, row) for row in versions for name in row.targets]
+    probed = [t.name for g in groups if g.health not in ("unreachable", "failed") for t in g.targets]
     assert sorted(name for name, _ in rows) == sorted(probed)  # every probed target has its row
     for name, row in rows:
         stack = [f for f in group_of[name].findings if f.code in STACK_CODES]

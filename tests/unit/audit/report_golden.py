@@ -25,6 +25,8 @@ GOLDEN = Path(__file__).resolve().parent / "golden"
 # format name (fleetfix.reports.FORMATS) -> golden file
 FILES = {"html": "report.html", "junit": "report.xml", "prometheus": "report.prom", "json": "report.json",
          "text": "report.txt"}
+# The HTML page of a history of two sites (`audit show last --html` without --site).
+SITES_FILE = "report-sites.html"
 
 CONTAINERS: dict[int, Any] = {
     200: "healthy", 201: "healthy", 202: "problem_case", 203: "stopped", 204: "toolkit_13_vs_cu128",
@@ -32,16 +34,17 @@ CONTAINERS: dict[int, Any] = {
 }
 
 
-def recorded_audit(directory: Path, *, facts: Any = True) -> AuditRun:
+def recorded_audit(directory: Path, *, facts: Any = True, containers: dict[int, Any] = CONTAINERS,
+                   node: str = "pve1", broken: int = 201) -> AuditRun:
     """Night 2 of a small fleet (one container newly broken, one stopped, a code the policy ignores,
     a hostile target name and error), loaded from the history with `facts` as load_audit takes it; the
     times and durations (which the clock sets) replaced by fixed ones."""
-    world = FakeWorld(dict(CONTAINERS))
-    targets = [make_target("pve1", n) for n in CONTAINERS]
+    world = FakeWorld(dict(containers))
+    targets = [make_target(node, n) for n in containers]
     policy = Policy(severity={"EXTENSION_MISSING": "ignore"})
     with AuditStore(directory / "golden.db") as store, world.fleet() as fleet:
         run_audit(fleet, targets, policy=policy, store=store, facts=False)
-        world.cts[201] = edited("healthy", interrupt_dpkg)
+        world.cts[broken] = edited("healthy", interrupt_dpkg)
         second = run_audit(fleet, targets, policy=policy, store=store, facts=False)
         run = load_audit(store, second.info.id, facts=facts)
     hostile = TargetResult("pve9/3\x1b[2K\u202e<b>x</b>", "pve9", 3, "unreachable",
@@ -56,6 +59,20 @@ def recorded_audit(directory: Path, *, facts: Any = True) -> AuditRun:
     return AuditRun(stored, run.drift, History(trend, since))
 
 
+def two_site_audit(directory: Path, *, facts: Any = True) -> AuditRun:
+    """recorded_audit's night at site east and, at site west, another fleet's (the same target name
+    pve1/200 among them, its own night-2 breakage), as `audit show last` loads them for one page."""
+    sites = []
+    west = {200: "toolkit_12_4", 300: "healthy", 301: "problem_case"}
+    for site, containers, broken in (("east", CONTAINERS, 201), ("west", west, 300)):
+        (directory / site).mkdir(parents=True)
+        run = recorded_audit(directory / site, facts=facts, containers=containers, broken=broken)
+        info = dataclasses.replace(run.info, site=site, controller=f"ctl-{site}",
+                                   started=run.info.started + (3600 if site == "west" else 0))
+        sites.append(dataclasses.replace(run, run=dataclasses.replace(run.run, info=info)))
+    return dataclasses.replace(sites[-1], sites=tuple(sites))
+
+
 def main() -> int:
     os.environ["TZ"] = "UTC"
     time.tzset()
@@ -65,9 +82,12 @@ def main() -> int:
     GOLDEN.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         run = recorded_audit(Path(tmp))
+        sites = two_site_audit(Path(tmp) / "sites")
     for name, filename in FILES.items():
         (GOLDEN / filename).write_bytes(formats[name].render(run).encode("utf-8"))
         print(f"wrote {GOLDEN / filename}")
+    (GOLDEN / SITES_FILE).write_bytes(formats["html"].render(sites).encode("utf-8"))
+    print(f"wrote {GOLDEN / SITES_FILE}")
     return 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from audit_testkit import FIXTURES, load_fixture
-from report_golden import FILES, GOLDEN, recorded_audit
+from report_golden import FILES, GOLDEN, SITES_FILE, recorded_audit, two_site_audit
 
 from fleetfix.audit import TargetResult
 from fleetfix.audit.dashboard import matrix_facts, version_matrix
@@ -45,6 +45,11 @@ def test_each_report_file_is_the_golden_bytes_streamed_and_with_only_the_facts_i
     path = tmp_path / "out" / FILES[name]
     write_report(str(path), report_format.pieces(run))
     assert path.read_bytes() == golden
+
+
+def test_the_page_of_two_sites_is_its_golden_bytes(tmp_path: Path, utc: None) -> None:
+    run = two_site_audit(tmp_path, facts=facts_needed([BY_NAME["html"]]))
+    assert BY_NAME["html"].render(run).encode("utf-8") == (GOLDEN / SITES_FILE).read_bytes()
 
 
 @pytest.mark.parametrize("name", ["junit", "prometheus", "html", "text"])
