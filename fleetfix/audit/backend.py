@@ -282,6 +282,53 @@ def pg_migrate(conn: PgConnection, *, target_version: int = PG_SCHEMA_VERSION) -
         conn.execute("SELECT pg_advisory_unlock(?)", (_MIGRATION_LOCK,))
 
 
+# -- writing one result in a few round trips (AuditStore._record_pg) --------------------------------------
+
+def _interning(table: str, columns: str, values: str) -> str:
+    """One statement that is the id of the row of `table` with this digest (the first parameter, given
+    twice), inserting it if there is none: layout._interned's SELECT-then-INSERT in one round trip. Found,
+    nothing is written and no identity value is drawn (the ids are those the two statements give). Not
+    found in the statement's snapshot but inserted meanwhile by another controller's transaction, the
+    conflict's no-op update returns that row (DO NOTHING would return nothing: its row is not in the
+    snapshot)."""
+    return (f"WITH found AS (SELECT id FROM {table} WHERE digest = ?),"
+            f" made AS (INSERT INTO {table} ({columns}) SELECT {values}"
+            "  WHERE NOT EXISTS (SELECT 1 FROM found)"
+            "  ON CONFLICT (digest) DO UPDATE SET digest = excluded.digest RETURNING id)"
+            " SELECT id FROM found UNION ALL SELECT id FROM made")
+
+
+# Parameters: digest, digest, data.
+INTERN_BLOB = _interning("blobs", "digest, data", "?::bytea, ?::bytea")
+
+# The state interned and the result that uses it, in one statement. Parameters: the state's digest, its
+# digest and fields (layout.State), then run, target, duration, delta.
+RECORD_RESULT = (
+    _interning("states",
+               "digest, node, ctid, status, health, error, facts, node_facts, findings, ignored, since",
+               "?::bytea, ?::text, ?::integer, ?::text, ?::text, ?::text, ?::bigint, ?::bigint, ?::bigint,"
+               " ?::text, ?::text").replace(
+        " SELECT id FROM found UNION ALL SELECT id FROM made",
+        ", state AS (SELECT id FROM found UNION ALL SELECT id FROM made)")
+    + " INSERT INTO target_results (run, target, state, duration, delta)"
+    " SELECT ?::bigint, ?::bigint, id, ?::double precision, ?::text FROM state"
+    " ON CONFLICT (run, target) DO UPDATE SET state = excluded.state, duration = excluded.duration,"
+    " delta = excluded.delta")
+
+# A target's newest earlier result, and its newest earlier probed one with its facts base's digest and
+# data (layout.previous, by the target's site and name: its id is being upserted in the same batch).
+# Parameters: site, name, run.
+_PREVIOUS = ("SELECT s.status, s.since, s.facts{base}"
+             " FROM target_results t JOIN states s ON s.id = t.state{join}"
+             " WHERE t.target = (SELECT id FROM targets WHERE site = ? AND name = ?) AND t.run < ?{ok}"
+             " ORDER BY t.run DESC LIMIT 1")
+PREVIOUS_NEWEST = _PREVIOUS.format(base="", join="", ok="")
+PREVIOUS_PROBED = _PREVIOUS.format(base="", join="", ok=" AND s.status = 'ok'")
+PREVIOUS_PROBED_BASE = _PREVIOUS.format(base=", b.digest, b.data",
+                                        join=" LEFT JOIN blobs b ON b.id = s.facts",
+                                        ok=" AND s.status = 'ok'")
+
+
 def try_lock(conn: PgConnection, key: int) -> bool:
     row = conn.execute("SELECT pg_try_advisory_lock(?)", (key,)).fetchone()
     return bool(row and row[0])
