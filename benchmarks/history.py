@@ -173,38 +173,14 @@ def audit_writes(db: str | Path, targets: int, nights: int, volatile: bool) -> d
 
 @contextlib.contextmanager
 def _round_trips(store: AuditStore) -> Iterator[list[int]]:
-    """On PostgreSQL: [round trips] once the block is done, counted in libpq's trace of the connection
-    (count_round_trips); SQLite: []."""
-    counted: list[int] = []
+    """On PostgreSQL: [round trips] once the block is done (tests/lab/pgserver.round_trips); SQLite: []."""
     if not store.postgres:
-        yield counted
+        yield []
         return
-    with tempfile.TemporaryFile() as trace:
-        pgconn = store._conn.raw.pgconn
-        pgconn.trace(trace.fileno())
-        try:
-            yield counted
-        finally:
-            pgconn.untrace()
-        trace.seek(0)
-        counted.append(count_round_trips(trace.read().decode(errors="replace")))
+    from tests.lab import pgserver
 
-
-def count_round_trips(trace: str) -> int:
-    """Round trips in a libpq trace (PQtrace): each time the client, having sent messages, reads the
-    server's answers (a run of F lines followed by B lines)."""
-    trips = 0
-    sending = False
-    for line in trace.splitlines():
-        fields = line.split("\t")
-        if len(fields) < 3:
-            continue
-        if fields[1] == "F":
-            sending = True
-        elif fields[1] == "B" and sending:
-            trips += 1
-            sending = False
-    return trips
+    with pgserver.round_trips(store._conn.raw) as counted:
+        yield counted
 
 
 def reads(db: Path) -> dict[str, Any]:

@@ -244,3 +244,71 @@ def test_an_audit_whose_connection_is_killed_fails_in_one_line_keeping_its_resul
         [info] = reader.runs()
         assert info.status == "incomplete"
         assert [r.target for r in reader.load(info.id).targets] == ["pve1/200", "pve1/201"]
+
+
+def _night(n: int, targets: int) -> list[TargetResult]:
+    """Results whose facts move a leaf each night (a delta), with node facts and findings: every kind of
+    row a result is written as."""
+    results = []
+    for i in range(targets):
+        codes = ("DISK_LOW",) if (i + n) % 3 == 0 else ()
+        results.append(TargetResult(
+            target=f"pve{i % 2}/{200 + i}", node=f"pve{i % 2}", ctid=200 + i,
+            status="unreachable" if (i, n) == (1, 1) else "ok",
+            findings=tuple(finding(code) for code in codes), duration=0.5,
+            facts=None if (i, n) == (1, 1) else {
+                "hostname": f"ct{i}", "build": {"mem_available_mb": 1000 + n, "packages": list(range(40))},
+                "big": "x" * (2000 if n < 2 else 10)},
+            node_facts={"kernel": "6.8", "node": i % 2}))
+    return results
+
+
+def test_a_postgresql_result_costs_a_few_round_trips(pg_server: PgServer) -> None:
+    """Each result its own transaction, in two round trips (three when its facts need a new base):
+    counted in libpq's own trace of the connection, so a return to a statement at a time (~11) fails."""
+    from tests.lab.pgserver import round_trips
+
+    targets = 6
+    with AuditStore(pg_server.fresh_url(), site="east") as store:
+        per_night = []
+        for night in range(3):
+            run_id = store.start_run({}, started=100.0 + night * DAY)
+            store.record_target(run_id, _night(night, targets)[0])  # the run's start is read once
+            with round_trips(store._conn.raw) as counted:
+                for result in _night(night, targets)[1:]:
+                    store.record_target(run_id, result)
+            per_night.append(counted[0] / (targets - 1))
+            store.finish_run(run_id, finished=200.0 + night * DAY)
+    # night 0: every facts base new; night 2: a new base (the big leaf shrank); night 1: deltas only
+    assert per_night[0] <= 3 and per_night[2] <= 3, per_night
+    assert per_night[1] <= 2, per_night
+
+
+def test_postgresql_stores_the_same_rows_as_sqlite(pg_server: PgServer, tmp_path: Path) -> None:
+    """The pipelined writer keeps the layout's rows: the same targets, states (each reference to a blob
+    as its document), results and deltas, the same number of each (nothing stored twice). Blob ids may
+    be drawn in another order (node facts and findings are interned before a new facts base)."""
+    from fleetfix.audit.layout import unpack
+
+    dumps = []
+    for history in (tmp_path / "history.db", pg_server.fresh_url()):
+        with AuditStore(history, site="east") as store:
+            for night in range(3):
+                _run(store, 100.0 + night * DAY, *_night(night, 6))
+            run_id = store.start_run({}, started=100.0 + 3 * DAY)
+            store.record_targets(run_id, _night(3, 6))
+            conn = store._conn
+            docs = {i: unpack(data) for i, data in conn.execute("SELECT id, data FROM blobs").fetchall()}
+            states = {row[0]: (*row[1:6], *(docs.get(ref) for ref in row[6:9]), *row[9:])
+                      for row in conn.execute("SELECT id, node, ctid, status, health, error, facts, node_facts,"
+                                              " findings, ignored, since FROM states").fetchall()}
+            dumps.append({
+                "targets": conn.execute("SELECT id, site, name, first_seen, last_probed FROM targets"
+                                        " ORDER BY id").fetchall(),
+                "counts": [len(docs), len(states)],
+                "results": sorted((run, target, states[state], duration, delta) for run, target, state, duration,
+                                  delta in conn.execute("SELECT run, target, state, duration, delta"
+                                                        " FROM target_results").fetchall()),
+            })
+    assert dumps[0] == dumps[1]
+    assert any(row[4] is not None for row in dumps[0]["results"])  # deltas were written
