@@ -299,16 +299,17 @@ def test_postgresql_stores_the_same_rows_as_sqlite(pg_server: PgServer, tmp_path
             store.record_targets(run_id, _night(3, 6))
             conn = store._conn
             docs = {i: unpack(data) for i, data in conn.execute("SELECT id, data FROM blobs").fetchall()}
+            state_rows = conn.execute("SELECT id, node, ctid, status, health, error, facts, node_facts,"
+                                      " findings, ignored, since FROM states").fetchall()
             states = {row[0]: (*row[1:6], *(docs.get(ref) for ref in row[6:9]), *row[9:])
-                      for row in conn.execute("SELECT id, node, ctid, status, health, error, facts, node_facts,"
-                                              " findings, ignored, since FROM states").fetchall()}
+                      for row in state_rows}
             dumps.append({
                 "targets": conn.execute("SELECT id, site, name, first_seen, last_probed FROM targets"
                                         " ORDER BY id").fetchall(),
                 "counts": [len(docs), len(states)],
-                "results": sorted((run, target, states[state], duration, delta) for run, target, state, duration,
-                                  delta in conn.execute("SELECT run, target, state, duration, delta"
-                                                        " FROM target_results").fetchall()),
+                "results": sorted(
+                    (run, target, states[state], duration, delta) for run, target, state, duration, delta
+                    in conn.execute("SELECT run, target, state, duration, delta FROM target_results")),
             })
     assert dumps[0] == dumps[1]
     assert any(row[4] is not None for row in dumps[0]["results"])  # deltas were written
