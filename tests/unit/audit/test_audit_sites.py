@@ -313,3 +313,38 @@ def test_postgresql_stores_the_same_rows_as_sqlite(pg_server: PgServer, tmp_path
             })
     assert dumps[0] == dumps[1]
     assert any(row[4] is not None for row in dumps[0]["results"])  # deltas were written
+
+
+def test_a_document_another_controller_commits_meanwhile_is_shared(pg_server: PgServer) -> None:
+    """The race the one-statement interning must survive: the findings list is not in the writer's
+    snapshot, but another transaction inserts it and commits while the writer waits on the conflict.
+    The writer then uses that row (a DO NOTHING alone would return no id)."""
+    import time
+
+    from fleetfix.audit.layout import digest, dumps, pack_for
+
+    url = pg_server.fresh_url()
+    result = _result("pve1/200", "DISK_LOW")
+    text = dumps([item.model_dump(mode="json") for item in result.findings])
+    with AuditStore(url, site="east") as store, pg_server.admin() as other:
+        other.execute(f"SET search_path TO {url.rsplit('search_path%3D', 1)[1]}")
+        run_id = store.start_run({}, started=100.0)
+        other.execute("BEGIN")
+        theirs = other.execute("INSERT INTO blobs (digest, data) VALUES (%s, %s) RETURNING id",
+                               (digest(text), pack_for(store._conn, text))).fetchone()[0]
+        writer = threading.Thread(target=store.record_target, args=(run_id, result))
+        writer.start()
+        for _ in range(400):  # until the writer waits for the other transaction
+            if other.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                             ).fetchone()[0]:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the writer never waited for the other transaction")
+        other.execute("COMMIT")
+        writer.join(30)
+        assert not writer.is_alive()
+        ids = store._conn.execute("SELECT s.findings FROM target_results t JOIN states s ON s.id = t.state"
+                                  " WHERE t.run = ?", (run_id,)).fetchall()
+        assert ids == [(theirs,)]
+        assert store._conn.execute("SELECT count(*) FROM blobs").fetchone()[0] == 1
