@@ -19,7 +19,8 @@ days. Sizes are the database file after a checkpoint (WAL folded in).
 --audit-writes measures only what an audit's writing costs: `nights` nights of `targets` results, each
 committed on its own (record_target), into a new SQLite file, or with --db into PostgreSQL (a
 postgresql:// URL whose history is new, or `lab`: a throwaway cluster on a Unix socket, tests/lab/
-pgserver.py). Per result: wall and CPU of this process; on PostgreSQL also the round trips (the points
+pgserver.py). Per result: wall and CPU of this process; on PostgreSQL also the server's CPU (its
+backend's, when it runs on this machine) and the round trips (the points
 the client, having sent, reads the server's answers: libpq's trace).
 """
 
@@ -146,8 +147,10 @@ def audit_writes(db: str | Path, targets: int, nights: int, volatile: bool) -> d
     start = time.time() - (nights + 1) * DAY
     walls: list[float] = []
     cpus: list[float] = []
+    server_cpus: list[float] = []
     trips: list[float] = []
     with AuditStore(db) as store:
+        server = _server_process(store)
         for night in range(nights):
             if night:
                 year.night()
@@ -155,20 +158,40 @@ def audit_writes(db: str | Path, targets: int, nights: int, volatile: bool) -> d
             started = start + night * DAY
             run_id = store.start_run({"targets": targets}, started=started)
             with _round_trips(store) as counted:
-                t0, c0 = time.perf_counter(), cpu()
+                t0, c0, s0 = time.perf_counter(), cpu(), _process_cpu(server)
                 for result in results:
                     store.record_target(run_id, result)
                 walls.append(1000 * (time.perf_counter() - t0) / targets)
                 cpus.append(1000 * (cpu() - c0) / targets)
+                if server is not None:
+                    server_cpus.append(1000 * (_process_cpu(server) - s0) / targets)
             if counted:
                 trips.append(counted[0] / targets)
             store.finish_run(run_id, finished=started + 600)
             print(f"[history] night {night + 1}: {walls[-1]:.2f} ms/result wall, {cpus[-1]:.2f} ms CPU"
+                  + (f", server {server_cpus[-1]:.2f} ms CPU" if server_cpus else "")
                   + (f", {trips[-1]:.2f} round trips" if trips else ""), file=sys.stderr, flush=True)
     return {"write_ms_per_result_wall_median": round(statistics.median(walls), 2),
             "write_ms_per_result_cpu_median": round(statistics.median(cpus), 2),
             "write_ms_per_result_wall": [round(w, 2) for w in walls],
+            "write_ms_per_result_server_cpu": [round(c, 2) for c in server_cpus],
             "round_trips_per_result": [round(t, 2) for t in trips]}
+
+
+def _server_process(store: AuditStore) -> int | None:
+    """The PostgreSQL backend serving the store, when it runs on this machine (its CPU is then read
+    from /proc: it moves less than wall on a loaded machine)."""
+    if not store.postgres:
+        return None
+    pid = int(store._conn.raw.info.backend_pid)
+    return pid if Path(f"/proc/{pid}/stat").exists() else None
+
+
+def _process_cpu(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 @contextlib.contextmanager
