@@ -187,6 +187,7 @@ class AuditStore:
         self._errors: tuple[type[BaseException], ...] = ()
         self._lock = threading.Lock()
         self._runs_started: dict[int, tuple[float, str]] = {}
+        self._pipelined = False
         if backend.is_url(path):
             self.postgres = True
             self.where = backend.shown(str(path))
@@ -245,6 +246,8 @@ class AuditStore:
         import psycopg
 
         self._errors = backend.pg_errors()
+        # pipeline mode needs libpq 14 or later (psycopg[binary] carries its own); else a statement at a time
+        self._pipelined = psycopg.Pipeline.is_supported()
         try:
             self._conn = backend.connect(url)
             if self.readonly:  # history, show, diff: the server refuses any write of theirs
@@ -338,7 +341,7 @@ class AuditStore:
         carried-over targets, an import, the benchmarks' synthetic history). An audit records each result
         as it arrives (record_target), so a kill loses none that had finished."""
         results = list(results)
-        if self.postgres:
+        if self.postgres and self._pipelined:
             self._record_pg(run_id, results)
             return
         with self._lock:
