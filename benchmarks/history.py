@@ -1,6 +1,7 @@
 """The audit history over a year: its size, and how fast `audit history` / `show` / `diff` answer on it.
 
     python -m benchmarks.history --targets 10000 --nights 365 --churn 0.01 [--volatile] [--json FILE]
+    python -m benchmarks.history --audit-writes --targets 1000 --nights 5 --volatile [--db URL|lab]
 
 Writes a synthetic year through the store's own API (AuditStore.start_run / record_targets / finish_run,
 the code an audit runs), nightly runs of N targets of which a share `churn` change state each night (a
@@ -14,11 +15,19 @@ target as it arrives (record_target), whose cost is measured apart on one extra 
 per-target transactions, as `fleetfix audit` does). Then, on the year's database: the CLI commands as a
 user runs them (a fresh process each: start-up included), `load_audit` in this process, and a prune to 90
 days. Sizes are the database file after a checkpoint (WAL folded in).
+
+--audit-writes measures only what an audit's writing costs: `nights` nights of `targets` results, each
+committed on its own (record_target), into a new SQLite file, or with --db into PostgreSQL (a
+postgresql:// URL whose history is new, or `lab`: a throwaway cluster on a Unix socket, tests/lab/
+pgserver.py). Per result: wall and CPU of this process; on PostgreSQL also the server's CPU (its
+backend's, when it runs on this machine) and the round trips (the points
+the client, having sent, reads the server's answers: libpq's trace).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -132,6 +141,71 @@ def build(db: Path, targets: int, nights: int, churn: float, volatile: bool) -> 
             "audit_write_ms_per_target": round(1000 * write_cpu / targets, 3)}
 
 
+def audit_writes(db: str | Path, targets: int, nights: int, volatile: bool) -> dict[str, Any]:
+    """Nights of results committed one by one, as `fleetfix audit` does (record_target)."""
+    year = Year(targets, 0.01, volatile)
+    start = time.time() - (nights + 1) * DAY
+    walls: list[float] = []
+    cpus: list[float] = []
+    server_cpus: list[float] = []
+    trips: list[float] = []
+    with AuditStore(db) as store:
+        server = _server_process(store)
+        for night in range(nights):
+            if night:
+                year.night()
+            results = list(year.results())
+            started = start + night * DAY
+            run_id = store.start_run({"targets": targets}, started=started)
+            with _round_trips(store) as counted:
+                t0, c0, s0 = time.perf_counter(), cpu(), _process_cpu(server)
+                for result in results:
+                    store.record_target(run_id, result)
+                walls.append(1000 * (time.perf_counter() - t0) / targets)
+                cpus.append(1000 * (cpu() - c0) / targets)
+                if server is not None:
+                    server_cpus.append(1000 * (_process_cpu(server) - s0) / targets)
+            if counted:
+                trips.append(counted[0] / targets)
+            store.finish_run(run_id, finished=started + 600)
+            print(f"[history] night {night + 1}: {walls[-1]:.2f} ms/result wall, {cpus[-1]:.2f} ms CPU"
+                  + (f", server {server_cpus[-1]:.2f} ms CPU" if server_cpus else "")
+                  + (f", {trips[-1]:.2f} round trips" if trips else ""), file=sys.stderr, flush=True)
+    return {"write_ms_per_result_wall_median": round(statistics.median(walls), 2),
+            "write_ms_per_result_cpu_median": round(statistics.median(cpus), 2),
+            "write_ms_per_result_wall": [round(w, 2) for w in walls],
+            "write_ms_per_result_server_cpu": [round(c, 2) for c in server_cpus],
+            "round_trips_per_result": [round(t, 2) for t in trips]}
+
+
+def _server_process(store: AuditStore) -> int | None:
+    """The PostgreSQL backend serving the store, when it runs on this machine (its CPU is then read
+    from /proc: it moves less than wall on a loaded machine)."""
+    if not store.postgres:
+        return None
+    pid = int(store._conn.raw.info.backend_pid)
+    return pid if Path(f"/proc/{pid}/stat").exists() else None
+
+
+def _process_cpu(pid: int | None) -> float:
+    if pid is None:
+        return 0.0
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+@contextlib.contextmanager
+def _round_trips(store: AuditStore) -> Iterator[list[int]]:
+    """On PostgreSQL: [round trips] once the block is done (tests/lab/pgserver.round_trips); SQLite: []."""
+    if not store.postgres:
+        yield []
+        return
+    from tests.lab import pgserver
+
+    with pgserver.round_trips(store._conn.raw) as counted:
+        yield counted
+
+
 def reads(db: Path) -> dict[str, Any]:
     with AuditStore(db, readonly=True) as store:
         last = store.resolve("last")
@@ -178,7 +252,14 @@ def main() -> None:
     parser.add_argument("--prune-days", type=float, default=90)
     parser.add_argument("--json", type=Path)
     parser.add_argument("--keep", type=Path, help="keep the database here")
+    parser.add_argument("--audit-writes", action="store_true",
+                        help="only the per-result commits of an audit (the module docstring)")
+    parser.add_argument("--db", help="with --audit-writes: a postgresql:// URL, or `lab` for a throwaway "
+                        "cluster (default: a new SQLite file)")
     options = parser.parse_args()
+    if options.audit_writes:
+        _main_audit_writes(options)
+        return
     work = Path(tempfile.mkdtemp(prefix="fleetfix-history-"))
     db = (options.keep or work) / "audit.db"
     db.parent.mkdir(parents=True, exist_ok=True)
@@ -194,6 +275,30 @@ def main() -> None:
         result.update(reads(db))
         result["prune"] = prune(db, options.prune_days)
         result["loadavg_after"] = os.getloadavg()[0]
+        print(json.dumps(result, indent=1))
+        if options.json:
+            options.json.parent.mkdir(parents=True, exist_ok=True)
+            options.json.write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _main_audit_writes(options: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="fleetfix-history-"))
+    try:
+        with contextlib.ExitStack() as stack:
+            db: str | Path = work / "audit.db"
+            if options.db == "lab":
+                from tests.lab import pgserver
+
+                db = stack.enter_context(pgserver.running_server()).fresh_url()
+            elif options.db:
+                db = options.db
+            result: dict[str, Any] = {"db": "sqlite" if isinstance(db, Path) else "postgresql",
+                                      "targets": options.targets, "nights": options.nights,
+                                      "volatile": options.volatile, "loadavg": os.getloadavg()}
+            result.update(audit_writes(db, options.targets, options.nights, options.volatile))
+            result["loadavg_after"] = os.getloadavg()
         print(json.dumps(result, indent=1))
         if options.json:
             options.json.parent.mkdir(parents=True, exist_ok=True)

@@ -167,9 +167,15 @@ class State:
     ignored: str  # JSON list
     since: str  # JSON object, code -> epoch
 
+    def fields(self) -> tuple[Any, ...]:
+        return (self.node, self.ctid, self.status, self.health, self.error, self.facts, self.node_facts,
+                self.findings, self.ignored, self.since)
+
+    def digest(self) -> bytes:
+        return digest(dumps(self.fields()))
+
     def intern(self, conn: Conn) -> int:
-        fields = (self.node, self.ctid, self.status, self.health, self.error, self.facts, self.node_facts,
-                  self.findings, self.ignored, self.since)
+        fields = self.fields()
         return _interned(conn, "states", digest(dumps(fields)),
                          "INSERT INTO states (digest, node, ctid, status, health, error, facts, node_facts,"
                          " findings, ignored, since) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", fields)
@@ -214,18 +220,27 @@ def facts_rows(conn: Conn, facts: Mapping[str, Any] | None, base_id: int | None
     """(facts base blob id, delta JSON or None) for these facts, against the target's earlier base."""
     if facts is None:
         return None, None
+    base_row = None if base_id is None else conn.execute(
+        "SELECT digest, data FROM blobs WHERE id = ?", (base_id,)).fetchone()
+    kept = on_base(facts, base_id, base_row)
+    return kept if kept is not None else (intern_blob(conn, facts), None)
+
+
+def on_base(facts: Mapping[str, Any], base_id: int | None, base_row: Sequence[Any] | None
+            ) -> tuple[int, str | None] | None:
+    """(base_id, delta JSON or None) when these facts are stored as the target's earlier base (its blob's
+    digest and data: base_row) plus a small delta; None when they need a base of their own."""
+    if base_id is None or base_row is None or base_row[0] is None:
+        return None
     text = dumps(facts)
-    if base_id is not None:
-        base_row = conn.execute("SELECT digest, data FROM blobs WHERE id = ?", (base_id,)).fetchone()
-        if base_row is not None:
-            if bytes(base_row[0]) == digest(text):
-                return base_id, None
-            delta = leaf_delta(unpack(base_row[1]), facts)
-            if delta is not None:
-                delta_text = dumps(delta)
-                if len(delta_text) * DELTA_SHARE <= len(text):
-                    return base_id, delta_text
-    return intern_blob(conn, facts), None
+    if bytes(base_row[0]) == digest(text):
+        return base_id, None
+    delta = leaf_delta(unpack(base_row[1]), facts)
+    if delta is not None:
+        delta_text = dumps(delta)
+        if len(delta_text) * DELTA_SHARE <= len(text):
+            return base_id, delta_text
+    return None
 
 
 def rebuild_facts(base: dict[str, Any] | None, delta: str | None) -> dict[str, Any] | None:
@@ -242,17 +257,25 @@ def _delta(text: str) -> Delta:
 def upsert_target(conn: Conn, site: str, name: str, started: float, probed: bool) -> int:
     """The id of the target `name` at `site`; first_seen and last_probed moved to take in this result.
     (CASE, not SQLite's two-argument min/max: PostgreSQL has none.)"""
-    row = conn.execute(
-        "INSERT INTO targets (site, name, first_seen, last_probed) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (site, name) DO UPDATE SET"
-        " first_seen = CASE WHEN excluded.first_seen < targets.first_seen THEN excluded.first_seen"
-        "  ELSE targets.first_seen END,"
-        " last_probed = CASE"
-        "  WHEN excluded.last_probed IS NULL THEN targets.last_probed"
-        "  WHEN targets.last_probed IS NULL OR targets.last_probed < excluded.last_probed"
-        "  THEN excluded.last_probed ELSE targets.last_probed END"
-        " RETURNING id", (site, name, started, started if probed else None)).fetchone()
+    row = conn.execute(_UPSERT_TARGET, (site, name, started, started if probed else None)).fetchone()
     return int(row[0])
+
+
+def upsert_target_sql() -> str:
+    """upsert_target's statement (parameters: site, name, started, started if probed else None)."""
+    return _UPSERT_TARGET
+
+
+_UPSERT_TARGET = (
+    "INSERT INTO targets (site, name, first_seen, last_probed) VALUES (?, ?, ?, ?)"
+    " ON CONFLICT (site, name) DO UPDATE SET"
+    " first_seen = CASE WHEN excluded.first_seen < targets.first_seen THEN excluded.first_seen"
+    "  ELSE targets.first_seen END,"
+    " last_probed = CASE"
+    "  WHEN excluded.last_probed IS NULL THEN targets.last_probed"
+    "  WHEN targets.last_probed IS NULL OR targets.last_probed < excluded.last_probed"
+    "  THEN excluded.last_probed ELSE targets.last_probed END"
+    " RETURNING id")
 
 
 def _upsert_target_v5(conn: Conn, name: str, started: float, probed: bool) -> int:

@@ -107,6 +107,38 @@ class PgServer:
 
 
 @contextlib.contextmanager
+def round_trips(conn: psycopg.Connection[Any]) -> Iterator[list[int]]:
+    """[the round trips this connection made in the block] once it is done, counted in libpq's own trace
+    of the messages (PQtrace), whatever the code above libpq does: count_round_trips."""
+    counted: list[int] = []
+    with tempfile.TemporaryFile() as trace:
+        conn.pgconn.trace(trace.fileno())
+        try:
+            yield counted
+        finally:
+            conn.pgconn.untrace()
+        trace.seek(0)
+        counted.append(count_round_trips(trace.read().decode(errors="replace")))
+
+
+def count_round_trips(trace: str) -> int:
+    """Round trips in a libpq trace: each time the client, having sent messages (F lines), reads the
+    server's answers (B lines). Pipelined statements sent before any answer is read count once."""
+    trips = 0
+    sending = False
+    for line in trace.splitlines():
+        fields = line.split("\t")
+        if len(fields) < 3:
+            continue
+        if fields[1] == "F":
+            sending = True
+        elif fields[1] == "B" and sending:
+            trips += 1
+            sending = False
+    return trips
+
+
+@contextlib.contextmanager
 def running_server() -> Iterator[PgServer]:
     base = Path(tempfile.mkdtemp(prefix="fleetfix-pg-"))
     server = PgServer(base)

@@ -244,3 +244,111 @@ def test_an_audit_whose_connection_is_killed_fails_in_one_line_keeping_its_resul
         [info] = reader.runs()
         assert info.status == "incomplete"
         assert [r.target for r in reader.load(info.id).targets] == ["pve1/200", "pve1/201"]
+
+
+def _night(n: int, targets: int) -> list[TargetResult]:
+    """Results whose facts move a leaf each night (a delta), with node facts and findings: every kind of
+    row a result is written as."""
+    results = []
+    for i in range(targets):
+        codes = ("DISK_LOW",) if (i + n) % 3 == 0 else ()
+        results.append(TargetResult(
+            target=f"pve{i % 2}/{200 + i}", node=f"pve{i % 2}", ctid=200 + i,
+            status="unreachable" if (i, n) == (1, 1) else "ok",
+            findings=tuple(finding(code) for code in codes), duration=0.5,
+            facts=None if (i, n) == (1, 1) else {
+                "hostname": f"ct{i}", "build": {"mem_available_mb": 1000 + n, "packages": list(range(40))},
+                "big": "x" * (2000 if n < 2 else 10)},
+            node_facts={"kernel": "6.8", "node": i % 2}))
+    return results
+
+
+def test_a_postgresql_result_costs_a_few_round_trips(pg_server: PgServer) -> None:
+    """Each result its own transaction, in two round trips (three when its facts need a new base):
+    counted in libpq's own trace of the connection, so a return to a statement at a time (~11) fails."""
+    from tests.lab.pgserver import round_trips
+
+    targets = 6
+    with AuditStore(pg_server.fresh_url(), site="east") as store:
+        per_night = []
+        for night in range(3):
+            run_id = store.start_run({}, started=100.0 + night * DAY)
+            store.record_target(run_id, _night(night, targets)[0])  # the run's start is read once
+            with round_trips(store._conn.raw) as counted:
+                for result in _night(night, targets)[1:]:
+                    store.record_target(run_id, result)
+            per_night.append(counted[0] / (targets - 1))
+            store.finish_run(run_id, finished=200.0 + night * DAY)
+    # night 0: every facts base new; night 2: a new base (the big leaf shrank); night 1: deltas only
+    assert per_night[0] <= 3 and per_night[2] <= 3, per_night
+    assert per_night[1] <= 2, per_night
+
+
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "statement-at-a-time"])
+def test_postgresql_stores_the_same_rows_as_sqlite(pg_server: PgServer, tmp_path: Path,
+                                                   pipelined: bool) -> None:
+    """The pipelined writer keeps the layout's rows: the same targets, states (each reference to a blob
+    as its document), results and deltas, the same number of each (nothing stored twice). Blob ids may
+    be drawn in another order (node facts and findings are interned before a new facts base). Without
+    pipeline mode (a libpq older than 14) the store writes a statement at a time, the same rows."""
+    from fleetfix.audit.layout import unpack
+
+    dumps = []
+    for history in (tmp_path / "history.db", pg_server.fresh_url()):
+        with AuditStore(history, site="east") as store:
+            store._pipelined = store._pipelined and pipelined
+            for night in range(3):
+                _run(store, 100.0 + night * DAY, *_night(night, 6))
+            run_id = store.start_run({}, started=100.0 + 3 * DAY)
+            store.record_targets(run_id, _night(3, 6))
+            conn = store._conn
+            docs = {i: unpack(data) for i, data in conn.execute("SELECT id, data FROM blobs").fetchall()}
+            state_rows = conn.execute("SELECT id, node, ctid, status, health, error, facts, node_facts,"
+                                      " findings, ignored, since FROM states").fetchall()
+            states = {row[0]: (*row[1:6], *(docs.get(ref) for ref in row[6:9]), *row[9:])
+                      for row in state_rows}
+            dumps.append({
+                "targets": conn.execute("SELECT id, site, name, first_seen, last_probed FROM targets"
+                                        " ORDER BY id").fetchall(),
+                "counts": [len(docs), len(states)],
+                "results": sorted(
+                    (run, target, states[state], duration, delta) for run, target, state, duration, delta
+                    in conn.execute("SELECT run, target, state, duration, delta FROM target_results")),
+            })
+    assert dumps[0] == dumps[1]
+    assert any(row[4] is not None for row in dumps[0]["results"])  # deltas were written
+
+
+def test_a_document_another_controller_commits_meanwhile_is_shared(pg_server: PgServer) -> None:
+    """The race the one-statement interning must survive: the findings list is not in the writer's
+    snapshot, but another transaction inserts it and commits while the writer waits on the conflict.
+    The writer then uses that row (a DO NOTHING alone would return no id)."""
+    import time
+
+    from fleetfix.audit.layout import digest, dumps, pack_for
+
+    url = pg_server.fresh_url()
+    result = _result("pve1/200", "DISK_LOW")
+    text = dumps([item.model_dump(mode="json") for item in result.findings])
+    with AuditStore(url, site="east") as store, pg_server.admin() as other:
+        other.execute(f"SET search_path TO {url.rsplit('search_path%3D', 1)[1]}")
+        run_id = store.start_run({}, started=100.0)
+        other.execute("BEGIN")
+        theirs = other.execute("INSERT INTO blobs (digest, data) VALUES (%s, %s) RETURNING id",
+                               (digest(text), pack_for(store._conn, text))).fetchone()[0]
+        writer = threading.Thread(target=store.record_target, args=(run_id, result))
+        writer.start()
+        for _ in range(400):  # until the writer waits for the other transaction
+            if other.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                             ).fetchone()[0]:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the writer never waited for the other transaction")
+        other.execute("COMMIT")
+        writer.join(30)
+        assert not writer.is_alive()
+        ids = store._conn.execute("SELECT s.findings FROM target_results t JOIN states s ON s.id = t.state"
+                                  " WHERE t.run = ?", (run_id,)).fetchall()
+        assert ids == [(theirs,)]
+        assert store._conn.execute("SELECT count(*) FROM blobs").fetchone()[0] == 1
