@@ -78,10 +78,44 @@ def e2e_prerequisite_problem() -> str | None:
     return None
 
 
+# Run in parallel (README's test command: `-n 4 --dist loadfile`), pytest-xdist hands whole test files to
+# its workers in collection order, each worker holding the one it runs and the next. These files take the
+# longest (CI's --durations, on 2 cores), longest first: started first, none of them is the last to end
+# while the other workers idle. A file missing here only starts later; order changes nothing else.
+LONGEST_FIRST = (
+    "tests/e2e/test_real_vm.py",
+    "tests/e2e/test_wheel_cache.py",
+    "tests/e2e/test_debian13_real.py",
+    "tests/e2e/test_upstream_release_wheels.py",
+    "tests/e2e/test_wheel_builder.py",
+    "tests/e2e/test_wheel_trust.py",
+    "tests/e2e/test_benchmark_smoke.py",
+    "tests/e2e/test_build_extensions.py",
+    "tests/e2e/test_docs_tutorial.py",
+    "tests/e2e/test_build_extensions_pep668.py",
+    "tests/e2e/test_lab_script.py",
+    "tests/e2e/test_faults.py",
+)
+
+
+def in_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's default for --dist loadfile/loadscope sorts files by their number of tests, most first; the
+    # longest files here have one or two tests, so keep LONGEST_FIRST's order instead.
+    if getattr(config.option, "numprocesses", None) and hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+    if in_xdist_worker(config):  # a plain run keeps pytest's own order
+        rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
