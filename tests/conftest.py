@@ -84,17 +84,21 @@ def e2e_prerequisite_problem() -> str | None:
 # while the other workers idle. A file missing here only starts later; order changes nothing else.
 LONGEST_FIRST = (
     "tests/e2e/test_real_vm.py",
-    "tests/e2e/test_wheel_cache.py",
-    "tests/e2e/test_debian13_real.py",
     "tests/e2e/test_upstream_release_wheels.py",
+    "tests/e2e/test_build_extensions.py",
+    "tests/e2e/test_wheel_cache.py",
+    "tests/e2e/test_benchmark_smoke.py",
     "tests/e2e/test_wheel_builder.py",
     "tests/e2e/test_wheel_trust.py",
-    "tests/e2e/test_benchmark_smoke.py",
-    "tests/e2e/test_build_extensions.py",
-    "tests/e2e/test_docs_tutorial.py",
-    "tests/e2e/test_build_extensions_pep668.py",
-    "tests/e2e/test_lab_script.py",
     "tests/e2e/test_faults.py",
+    "tests/e2e/test_debian13_real.py",
+    "tests/e2e/test_lab_script.py",
+    "tests/e2e/test_build_extensions_pep668.py",
+    "tests/e2e/test_docs_tutorial.py",
+    "tests/e2e/test_apt_sources.py",
+    "tests/e2e/test_cli_apply.py",
+    "tests/e2e/test_cli_vm.py",
+    "tests/e2e/test_debian13.py",
 )
 
 
@@ -102,11 +106,31 @@ def in_xdist_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+_PARALLEL_BASETEMP = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    if not getattr(config.option, "numprocesses", None):
+        return
     # xdist's default for --dist loadfile/loadscope sorts files by their number of tests, most first; the
     # longest files here have one or two tests, so keep LONGEST_FIRST's order instead.
-    if getattr(config.option, "numprocesses", None) and hasattr(config.option, "loadscopereorder"):
+    if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    # Each worker's temporary directory is the session's plus "/popen-gwN". Unix socket paths under it (a
+    # VM's qga.sock and qmp.sock, deep in a lab's node directory) would pass the 107 bytes a socket path may
+    # have where a plain run's fit, so a parallel session's base is shorter than a plain run's
+    # (/tmp/pytest-of-root/pytest-N): /tmp/fft-XXXXXXXX, removed at the end when everything passed.
+    if config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="fft-", dir="/tmp")
+        config.stash[_PARALLEL_BASETEMP] = config.option.basetemp
+
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    base = session.config.stash.get(_PARALLEL_BASETEMP, None)
+    if base is not None and exitstatus == 0:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -28,7 +28,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.lab.locks import cache_lock
+try:  # the suite imports tests.lab.template; the qm stand-in (through qemuvm.py) puts tests/lab on sys.path
+    from tests.lab.locks import cache_lock
+except ImportError:
+    from locks import cache_lock  # type: ignore[no-redef]
 
 # Bump when what goes into the template changes, so stale caches are not reused.
 _SCHEMA = 1
