@@ -109,8 +109,23 @@ def in_xdist_worker(config: pytest.Config) -> bool:
 _PARALLEL_BASETEMP = pytest.StashKey[str]()
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown with -p no:xdist
+def pytest_configure_node(node: Any) -> None:  # in the controller, per worker
+    node.workerinput["fleetfix_columns"] = os.environ.get("COLUMNS")
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
+    if in_xdist_worker(config):
+        # A worker starts with COLUMNS set to its terminal's width (80 without one), which the controller's
+        # environment may not have; fleetfix's tables are 200 wide without a terminal or COLUMNS, so a
+        # worker takes the controller's COLUMNS, or none, as a plain run would.
+        columns = config.workerinput.get("fleetfix_columns")  # type: ignore[attr-defined]
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
+        return
     if not getattr(config.option, "numprocesses", None):
         return
     # xdist's default for --dist loadfile/loadscope sorts files by their number of tests, most first; the
