@@ -84,10 +84,83 @@ def e2e_prerequisite_problem() -> str | None:
     return None
 
 
+# Run in parallel (README's test command: `-n 4 --dist loadfile`), pytest-xdist hands whole test files to
+# its workers in collection order, each worker holding the one it runs and the next. These files take the
+# longest (CI's --durations, on 2 cores), longest first: started first, none of them is the last to end
+# while the other workers idle. A file missing here only starts later; order changes nothing else.
+LONGEST_FIRST = (
+    "tests/e2e/test_real_vm.py",
+    "tests/e2e/test_upstream_release_wheels.py",
+    "tests/e2e/test_build_extensions.py",
+    "tests/e2e/test_wheel_cache.py",
+    "tests/e2e/test_benchmark_smoke.py",
+    "tests/e2e/test_wheel_builder.py",
+    "tests/e2e/test_wheel_trust.py",
+    "tests/e2e/test_faults.py",
+    "tests/e2e/test_debian13_real.py",
+    "tests/e2e/test_lab_script.py",
+    "tests/e2e/test_build_extensions_pep668.py",
+    "tests/e2e/test_docs_tutorial.py",
+    "tests/e2e/test_apt_sources.py",
+    "tests/e2e/test_cli_apply.py",
+    "tests/e2e/test_cli_vm.py",
+    "tests/e2e/test_debian13.py",
+)
+
+
+def in_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+_PARALLEL_BASETEMP = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown with -p no:xdist
+def pytest_configure_node(node: Any) -> None:  # in the controller, per worker
+    node.workerinput["fleetfix_columns"] = os.environ.get("COLUMNS")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's tmpdir plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    if in_xdist_worker(config):
+        # A worker starts with COLUMNS set to its terminal's width (80 without one), which the controller's
+        # environment may not have; fleetfix's tables are 200 wide without a terminal or COLUMNS, so a
+        # worker takes the controller's COLUMNS, or none, as a plain run would.
+        columns = config.workerinput.get("fleetfix_columns")  # type: ignore[attr-defined]
+        if columns is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = columns
+        return
+    if not getattr(config.option, "numprocesses", None):
+        return
+    # xdist's default for --dist loadfile/loadscope sorts files by their number of tests, most first; the
+    # longest files here have one or two tests, so keep LONGEST_FIRST's order instead.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+    # Each worker's temporary directory is the session's plus "/popen-gwN". Unix socket paths under it (a
+    # VM's qga.sock and qmp.sock, deep in a lab's node directory) would pass the 107 bytes a socket path may
+    # have where a plain run's fit, so a parallel session's base is shorter than a plain run's
+    # (/tmp/pytest-of-root/pytest-N): /tmp/fft-XXXXXXXX, removed at the end when everything passed.
+    if config.option.basetemp is None:
+        config.option.basetemp = tempfile.mkdtemp(prefix="fft-", dir="/tmp")
+        config.stash[_PARALLEL_BASETEMP] = config.option.basetemp
+
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    base = session.config.stash.get(_PARALLEL_BASETEMP, None)
+    if base is not None and exitstatus == 0:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if E2E_DIR in Path(str(item.path)).resolve().parents:
             item.add_marker(pytest.mark.e2e)
+    if in_xdist_worker(config):  # a plain run keeps pytest's own order
+        rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

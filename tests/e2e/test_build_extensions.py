@@ -34,6 +34,7 @@ from tests.lab.aptrepo import REAL_CUDA_13_0, AptRepo, build_repo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.cli import TINY_EXTENSION_IN_CT, add_tiny_extension_source
 from tests.lab.container import Container, tree_digest
+from tests.lab.locks import cache_lock
 from tests.lab.realtorch import RealTorch, cache_root, ensure_real_torch
 
 pytestmark = [pytest.mark.slow]
@@ -52,14 +53,15 @@ def pip_download(dest: Path, *requirements: str, extra: tuple[str, ...] = (), py
                  env: dict[str, str] | None = None) -> Path:
     """Download once into dest (kept across sessions): PyPI or this machine's index, whichever pip uses."""
     marker = dest / ".complete"
-    if not marker.exists():
-        shutil.rmtree(dest, ignore_errors=True)
-        dest.mkdir(parents=True)
-        done = subprocess.run([python, "-m", "pip", "download", "--quiet", "-d", str(dest), *extra,
-                               *requirements], capture_output=True, text=True, timeout=900,
-                              env={**os.environ, **(env or {})})
-        assert done.returncode == 0, done.stdout + done.stderr
-        marker.write_text(" ".join(requirements))
+    with cache_lock(dest):  # another xdist worker may be downloading the same set
+        if not marker.exists():
+            shutil.rmtree(dest, ignore_errors=True)
+            dest.mkdir(parents=True)
+            done = subprocess.run([python, "-m", "pip", "download", "--quiet", "-d", str(dest), *extra,
+                                   *requirements], capture_output=True, text=True, timeout=900,
+                                  env={**os.environ, **(env or {})})
+            assert done.returncode == 0, done.stdout + done.stderr
+            marker.write_text(" ".join(requirements))
     return dest
 
 

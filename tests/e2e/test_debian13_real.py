@@ -38,6 +38,7 @@ from tests.lab.aptrepo import KEYRING_FILE, REAL_CUDA_13_0, AptRepo, serve_repo
 from tests.lab.bed import Lab
 from tests.lab.cli import TINY_EXTENSION_IN_CT, TINY_EXTENSION_SOURCE, add_tiny_extension_source
 from tests.lab.container import Container, tree_digest
+from tests.lab.locks import cache_lock
 from tests.lab.realtorch import cache_root
 from tests.lab.template import ensure_template
 from tests.lab.torch_stub import install_fla
@@ -97,8 +98,13 @@ def cuda12_include(version: str) -> Path:
     """NVIDIA's CUDA `version` include/ tree as its PyPI wheels lay it out, merged into one directory
     (downloaded and unpacked once per machine)."""
     dest = cache_root() / f"cuda-{version}-include"
-    if (dest / ".complete").is_file():
-        return dest
+    with cache_lock(dest):  # another xdist worker may be unpacking the same headers
+        if not (dest / ".complete").is_file():
+            _download_cuda12_include(version, dest)
+    return dest
+
+
+def _download_cuda12_include(version: str, dest: Path) -> None:
     wheels = cache_root() / f"wheels-cuda-{version}-headers"
     shutil.rmtree(wheels, ignore_errors=True)
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
@@ -116,7 +122,6 @@ def cuda12_include(version: str) -> Path:
                     target.write_bytes(archive.read(member))
     (dest / ".complete").write_text(" ".join(CUDA12_HEADER_WHEELS[version]))
     shutil.rmtree(wheels)
-    return dest
 
 
 def copy_tree_into(ct: Container, source: Path, target: str) -> None:

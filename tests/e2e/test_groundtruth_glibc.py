@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import in_ci
 from tests.lab.container import Container
+from tests.lab.locks import cache_lock
 from tests.lab.realtorch import cache_root
 
 REAL_CUDA = Path("/usr/local/cuda-13.0")
@@ -45,12 +46,14 @@ def need(problem: str | None) -> None:
 def cu12_math_headers() -> dict[str, bytes]:
     """crt/math_functions.h and .hpp from NVIDIA's real 12.8.93 nvcc wheel (downloaded once)."""
     dest = cache_root() / "nvidia-wheels" / "-".join(CU12_WHEEL)
-    if not sorted(dest.glob("*.whl")):
-        dest.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                               "-d", str(dest), "==".join(CU12_WHEEL)],
-                              capture_output=True, text=True, timeout=600)
-        need(None if done.returncode == 0 else f"pip download {'=='.join(CU12_WHEEL)}: {done.stderr[-300:]}")
+    with cache_lock(dest):  # tests/unit/groundtruth/test_nvidia_wheels.py fills the same directory
+        if not sorted(dest.glob("*.whl")):
+            dest.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                                   "-d", str(dest), "==".join(CU12_WHEEL)],
+                                  capture_output=True, text=True, timeout=600)
+            need(None if done.returncode == 0
+                 else f"pip download {'=='.join(CU12_WHEEL)}: {done.stderr[-300:]}")
     with zipfile.ZipFile(sorted(dest.glob("*.whl"))[0]) as wheel:
         return {name: wheel.read(f"nvidia/cuda_nvcc/include/crt/{name}")
                 for name in ("math_functions.h", "math_functions.hpp")}

@@ -10,13 +10,16 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from tests.lab import sshd
 from tests.lab.bed import Lab
 from tests.lab.container import Container, tree_digest
 from tests.lab.torch_stub import install_causal_conv1d, install_fla, install_torch
@@ -396,3 +399,33 @@ def test_a_lab_starts_fast_and_leaves_nothing_behind(tmp_path: Path) -> None:
         )
     assert upper not in _mount_table()
     assert not (tmp_path / "bed").exists()
+
+
+def test_a_node_whose_port_another_process_took_first_moves_to_another_port(
+    lab: Lab, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parallel test workers: free_port's answer can be bound by someone else before sshd binds it. A
+    # connection to the port would then reach the wrong server; start_node must notice and move on.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        answers = iter([taken])
+        real_free_port = sshd.free_port
+        monkeypatch.setattr(sshd, "free_port", lambda address: next(answers, None) or real_free_port(address))
+        node = sshd.start_node(tmp_path / "node", name="moved", authorized_keys=[lab.client_public_key])
+        try:
+            assert node.port != taken
+            assert f"Server listening on 127.0.0.1 port {node.port}." in node.log_text()
+            assert "Address already in use" in node.log_text()
+            assert node.login_dir is None or node.login_dir.is_dir()  # kept through the retry
+        finally:
+            node.stop()
+
+
+def test_a_nodes_var_tmp_is_its_own(lab: Lab) -> None:
+    # fleetfix stages transfers there; a test counting what is left must not see another worker's.
+    name = f"fleetfix-own-{uuid.uuid4().hex[:8]}"
+    assert name in lab.ssh(None, f"touch /var/tmp/{name} && ls /var/tmp").stdout.decode().split()
+    assert name in os.listdir(lab.node().ssh.var_tmp) and not os.path.exists(f"/var/tmp/{name}")
+    os.unlink(lab.node().ssh.var_tmp / name)

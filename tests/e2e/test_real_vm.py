@@ -152,10 +152,19 @@ def test_a_command_longer_than_qms_default_wait_completes_through_fleetfix(
     lab: Lab, real_vm: QemuVM,
 ) -> None:
     # qm's own wait is 30 s by default; a long build would come back as a bare pid. fleetfix gives qm its
-    # own limit (0: none) so qm keeps polling the agent until the command ends.
-    since = len(lab.node().qm_calls())
-    result = run_cli("exec", *vm_args(lab, VMID), "--json", "--", "sh", "-c", "sleep 32; echo built",
-                     timeout=300)
+    # own limit (0: none) so qm keeps polling the agent until the command ends. The bed's qm takes its
+    # default from a knob (tests/lab/qm.py DEFAULT_TIMEOUT_FILE): 3 s here, so a 6 s command outlasts it
+    # without 30 s of sleep. First shown: qm left to its default gives up at the knob's 3 s.
+    knob = lab.node().state.dir / "qm-default-timeout"
+    knob.write_text("3")
+    try:
+        status, answer, stderr = qm(lab, "guest", "exec", str(VMID), "--", "sh", "-c", "sleep 6; echo built")
+        assert (status, stderr, set(answer)) == (0, "timeout reached, returning pid\n", {"pid"})
+        since = len(lab.node().qm_calls())
+        result = run_cli("exec", *vm_args(lab, VMID), "--json", "--", "sh", "-c", "sleep 6; echo built",
+                         timeout=300)
+    finally:
+        knob.unlink()
     assert result.exit_code == 0, result.stdout + result.stderr
     [record] = result.json()
     assert (record["exit_code"], record["stdout"]) == (0, "built\n")

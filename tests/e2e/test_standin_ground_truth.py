@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.lab.aptrepo import REAL_CUDA_13_0, CudaRelease, nvcc_stand_in_script
+from tests.lab.locks import cache_lock
 from tests.lab.realtorch import RealTorch, cache_root, ensure_real_torch
 from tests.lab.torch_stub import torch_files
 
@@ -39,8 +40,13 @@ def real_ptxas(requirement: str) -> Path:
     """NVIDIA's ptxas from the wheel (downloaded and unpacked once per machine)."""
     dest = cache_root() / f"ptxas-{requirement.split('==')[1]}"
     ptxas = dest / "ptxas"
-    if ptxas.is_file():
-        return ptxas
+    with cache_lock(dest):  # another xdist worker may be unpacking the same wheel
+        if not ptxas.is_file():
+            _unpack_ptxas(requirement, dest, ptxas)
+    return ptxas
+
+
+def _unpack_ptxas(requirement: str, dest: Path, ptxas: Path) -> None:
     wheels = dest / "wheel"
     shutil.rmtree(dest, ignore_errors=True)
     done = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary",
@@ -57,7 +63,6 @@ def real_ptxas(requirement: str) -> Path:
     partial.chmod(0o755)
     shutil.rmtree(wheels)
     partial.rename(ptxas)
-    return ptxas
 
 
 def test_stand_in_banner_has_the_real_nvcc_13_0_shape() -> None:

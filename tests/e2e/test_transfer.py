@@ -25,9 +25,11 @@ from tests.lab.container import Container
 MakeCt = Callable[..., Container]
 
 
-def staging_leftovers() -> list[str]:
-    # The lab's nodes share this machine's /var/tmp (only /root and /usr/local/sbin are their own).
-    return sorted(name for name in os.listdir(NODE_STAGING_DIR) if name.startswith("fleetfix-"))
+def staging_leftovers(lab: Lab) -> list[str]:
+    # What the node sees as its /var/tmp is its own directory (tests/lab/sshd.py), so a transfer of a test
+    # running beside this one (another xdist worker) never shows up here.
+    assert NODE_STAGING_DIR == "/var/tmp"
+    return sorted(name for name in os.listdir(lab.node().ssh.var_tmp) if name.startswith("fleetfix-"))
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def sha256(path: Path) -> str:
 def test_push_then_pull_a_container_file(lab: Lab, make_ct: MakeCt, fleet: Fleet, payload: Path,
                                          tmp_path: Path) -> None:
     ct = make_ct()
-    before = staging_leftovers()
+    before = staging_leftovers(lab)
     guest: Guest = fleet.guest(target(lab, ct.ctid))
     pushed = guest.push(payload, "/root/payload.bin", mode=0o640)
     assert (pushed.size, pushed.sha256) == (payload.stat().st_size, sha256(payload))
@@ -73,7 +75,7 @@ def test_push_then_pull_a_container_file(lab: Lab, make_ct: MakeCt, fleet: Fleet
     assert back.read_bytes() == payload.read_bytes() and pulled.sha256 == pushed.sha256
     assert oct(back.stat().st_mode & 0o777) == "0o600"  # controller-side files are private
     assert [p.name for p in tmp_path.iterdir() if "fleetfix" in p.name] == []
-    assert staging_leftovers() == before
+    assert staging_leftovers(lab) == before
 
     # The digest the playbook steps compare for idempotency: read-only, and None for no file.
     found = guest_digest(guest.transport(), "/root/payload.bin")
@@ -96,7 +98,7 @@ def test_failures_leave_nothing_behind(lab: Lab, make_ct: MakeCt, fleet: Fleet, 
     ct = make_ct()
     ct.write_file("/root/keep.txt", "unchanged\n")
     stopped = make_ct(running=False)
-    before = staging_leftovers()
+    before = staging_leftovers(lab)
     guest = fleet.guest(target(lab, ct.ctid))
 
     # pct push fails inside its worker and exits 0 (as real pct does): only the checksum notices.
@@ -120,5 +122,5 @@ def test_failures_leave_nothing_behind(lab: Lab, make_ct: MakeCt, fleet: Fleet, 
         fleet.guest(target(lab, stopped.ctid)).push(payload, "/root/payload.bin")
 
     assert [p.name for p in tmp_path.iterdir()] == ["payload.bin"]
-    assert staging_leftovers() == before
+    assert staging_leftovers(lab) == before
     assert ct.sh("ls -a /root /no 2>/dev/null | grep -c fleetfix || true").stdout.decode().strip() == "0"

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.lab.locks import cache_lock
+
 # Bump when the package contents or layout change, so stale caches are not reused.
 _CACHE_SCHEMA = 6
 # Fixed timestamp for reproducible .debs (dpkg-deb clamps tar mtimes and stamps the ar header with it).
@@ -672,7 +674,6 @@ def build_repo(
         raise AptRepoError(f"distro/arch must look like debian12/x86_64, got {distro!r}/{arch!r}")
     workdir.mkdir(parents=True, exist_ok=True)
     cache_dir = workdir / f"aptrepo-{_cache_key(releases, distro, arch, real_13_0, key_binding)}"
-    manifest = cache_dir / "manifest.json"
     common: dict[str, Any] = {
         "distro": distro,
         "arch": arch,
@@ -680,21 +681,33 @@ def build_repo(
         "real_13_0": real_13_0,
         "key_binding": key_binding,
     }
-    if manifest.is_file():
-        saved = json.loads(manifest.read_text())
-        return BuiltRepo(
-            cache_dir=cache_dir,
-            key_fingerprint=saved["key_fingerprint"],
-            build_seconds=saved["build_seconds"],
-            from_cache=True,
-            **common,
-        )
+    # Parallel test workers on a fresh machine: one builds, the others wait and then reuse its key and pool
+    # (a second build would sign with a key of its own that the cached directory does not hold).
+    with cache_lock(cache_dir):
+        return _build_repo_locked(cache_dir, releases, common)
+
+
+def _cached_repo(cache_dir: Path, common: dict[str, Any]) -> BuiltRepo | None:
+    manifest = cache_dir / "manifest.json"
+    if not manifest.is_file():
+        return None
+    saved = json.loads(manifest.read_text())
+    return BuiltRepo(cache_dir=cache_dir, key_fingerprint=saved["key_fingerprint"],
+                     build_seconds=saved["build_seconds"], from_cache=True, **common)
+
+
+def _build_repo_locked(cache_dir: Path, releases: tuple[CudaRelease, ...],
+                       common: dict[str, Any]) -> BuiltRepo:
+    cached = _cached_repo(cache_dir, common)
+    if cached is not None:
+        return cached
+    workdir, arch, real_13_0 = cache_dir.parent, common["arch"], common["real_13_0"]
 
     started = time.monotonic()
     deb_arch = _DEB_ARCH.get(arch, "amd64")
     staging = Path(tempfile.mkdtemp(prefix=".aptrepo-build-", dir=workdir))
     try:
-        fingerprint, public_key = _generate_key(staging / "gnupg", key_binding)
+        fingerprint, public_key = _generate_key(staging / "gnupg", common["key_binding"])
         (staging / "cuda-archive-keyring.gpg").write_bytes(public_key)
         pool = staging / "pool"
         pool.mkdir()
@@ -713,8 +726,12 @@ def build_repo(
         try:
             staging.rename(cache_dir)
         except OSError:
-            if not manifest.is_file():  # not a concurrent builder winning the race: a real failure
+            # A builder that takes no lock (an older checkout's session) won the race: use what it built,
+            # whose key is not the one generated here.
+            cached = _cached_repo(cache_dir, common)
+            if cached is None:
                 raise
+            return cached
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return BuiltRepo(

@@ -51,6 +51,18 @@ STDIN_LIMIT = 1024 * 1024  # qm.pm: "'input-data' (STDIN) is limited to 1 MiB, a
 POLL_SECONDS = 0.02  # real qm: sleep 1 (see the module docstring)
 REAL_POLL_SECONDS = 1.0  # qm.pm `exec`: `sleep 1` between qemu_exec_status calls
 DEFAULT_TIMEOUT = 30
+# A test-bed knob, not PVE's: a number of seconds in this file of the node dir replaces the 30 s default,
+# so a test can show a command outlasting qm's default wait without sleeping 30 s (tests/e2e/test_real_vm.py
+# writes it, and shows qm without --timeout giving up at it, before it relies on it).
+DEFAULT_TIMEOUT_FILE = "qm-default-timeout"
+
+
+def default_timeout(node_dir: str) -> int:
+    try:
+        with open(os.path.join(node_dir, DEFAULT_TIMEOUT_FILE)) as knob:
+            return int(knob.read())
+    except FileNotFoundError:
+        return DEFAULT_TIMEOUT
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -160,7 +172,7 @@ def cmd_guest_exec(node_dir: str, args: list[str]) -> int:
     sync = bool_option(options.get("synchronous"), default=True)
     if "timeout" in options and not sync:
         raise PctDie("400 Parameter verification failed.\nsynchronous: needs to be set for 'timeout'")
-    timeout = _integer("timeout", options.get("timeout"), DEFAULT_TIMEOUT)
+    timeout = _integer("timeout", options.get("timeout"), default_timeout(node_dir))
     input_data = _read_stdin() if bool_option(options.get("pass-stdin"), default=False) else None
     config = _config(node_dir, vmid)
     if not command and input_data is None:

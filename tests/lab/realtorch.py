@@ -16,15 +16,14 @@ other interpreter that lives outside the container's view.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.lab.locks import file_lock
 
 REAL_TORCH_VERSION = "2.14.1"
 REAL_TORCH_CUDA = "13.0"
@@ -67,17 +66,6 @@ def default_root() -> Path:
 
 def venv_path(version: str = REAL_TORCH_VERSION, root: Path | None = None) -> Path:
     return (root or default_root()) / f"fleetfix-torch-{version}"
-
-
-@contextmanager
-def file_lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _run(argv: list[str], *, timeout: float) -> None:

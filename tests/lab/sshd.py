@@ -1,8 +1,10 @@
 """A test-bed Proxmox node: a real OpenSSH sshd on a loopback address, in a private mount namespace.
 
 The private mount namespace lets the node have its own /root (so this machine's ~/.bashrc does not leak
-into SSH sessions) and its own /usr/local/sbin (where the `pct` stand-in lives), while the rest of the
-filesystem is shared with this machine, as container overlays need.
+into SSH sessions), its own /usr/local/sbin (where the `pct` stand-in lives) and its own /var/tmp (where
+fleetfix stages transfers and wheel builds on a node: a test that asserts nothing is left there sees only
+its own node's, not those of a test running beside it), while the rest of the filesystem is shared with
+this machine, as container overlays need.
 
 Least privilege (issue 18): where sudo is installed, every node also has a login that is not root,
 `fleetfix` (LOGIN_USER), allowed by sudoers exactly what docs/security.md tells a team to grant: `pct`,
@@ -77,6 +79,7 @@ class SshNode:
     host_key_line: str  # "ssh-ed25519 AAAA..." (no host part)
     sbin_dir: Path  # bind-mounted over /usr/local/sbin inside the node
     log_path: Path
+    var_tmp: Path  # bind-mounted over /var/tmp inside the node
     process: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     login_dir: Path | None = None  # the non-root login's keys and home; None without sudo
 
@@ -159,41 +162,23 @@ def start_node(
     state_dir.mkdir(parents=True, exist_ok=True)
     home = state_dir / "home"
     sbin = state_dir / "sbin"
-    for folder in (home, home / ".ssh", sbin):
+    var_tmp = state_dir / "var-tmp"
+    for folder in (home, home / ".ssh", sbin, var_tmp):
         folder.mkdir(parents=True, exist_ok=True)
+    var_tmp.chmod(0o1777)  # as /var/tmp: the non-root login stages files there too
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     host_key = state_dir / "ssh_host_ed25519_key"
     host_key_line = " ".join(keygen(host_key, f"{name}-host").split()[:2])
     auth_keys = state_dir / "authorized_keys"
     auth_keys.write_text("".join(f"{key}\n" for key in authorized_keys))
     auth_keys.chmod(0o600)
-    port = port or free_port(address)
     log_path = state_dir / "sshd.log"
     set_env = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
     login_dir = _login_user_files(state_dir, name, authorized_keys) if os.access(SUDO, os.X_OK) else None
     keys_files = str(auth_keys) + (f" {login_dir}/keys/%u" if login_dir else "")
     config = state_dir / "sshd_config"
-    config.write_text(
-        "\n".join(
-            [
-                f"ListenAddress {address}:{port}",
-                f"HostKey {host_key}",
-                f"PidFile {state_dir / 'sshd.pid'}",
-                f"AuthorizedKeysFile {keys_files}",
-                "PermitRootLogin prohibit-password",
-                "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no",
-                "UsePAM no",
-                "StrictModes no",
-                "LogLevel DEBUG1",
-                "Subsystem sftp internal-sftp",
-                *( [f"SetEnv {set_env}"] if set_env else [] ),
-                "",
-            ]
-        )
-    )
     # Private mount and UTS namespaces: the node's own hostname (PVE's node name is the short hostname),
-    # /root and /usr/local/sbin, then sshd in the foreground.
+    # /root, /usr/local/sbin and /var/tmp, then sshd in the foreground.
     etc = "".join(f"mount --bind {shlex.quote(str(state_dir / 'etc' / f))} /etc/{f} && "
                   for f in ("passwd", "group", "shadow", "hosts", "sudoers")) if login_dir else ""
     sudoers_d = (f"mount --bind {shlex.quote(str(state_dir / 'etc' / 'sudoers.d'))} /etc/sudoers.d && "
@@ -202,18 +187,67 @@ def start_node(
         f"echo {shlex.quote(name)} > /proc/sys/kernel/hostname && "
         f"mount --bind {shlex.quote(str(home))} /root && "
         f"mount --bind {shlex.quote(str(sbin))} /usr/local/sbin && "
+        f"mount --bind {shlex.quote(str(var_tmp))} /var/tmp && "
         f"{etc}{sudoers_d}"
         f"exec {SSHD} -D -E {shlex.quote(str(log_path))} -f {shlex.quote(str(config))}"
     )
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", inner],
-            stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+    for attempt in range(5):
+        listen_port = port or free_port(address)
+        config.write_text(
+            "\n".join(
+                [
+                    f"ListenAddress {address}:{listen_port}",
+                    f"HostKey {host_key}",
+                    f"PidFile {state_dir / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {keys_files}",
+                    "PermitRootLogin prohibit-password",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "LogLevel DEBUG1",
+                    "Subsystem sftp internal-sftp",
+                    *( [f"SetEnv {set_env}"] if set_env else [] ),
+                    "",
+                ]
+            )
         )
-    node = SshNode(name, address, port, state_dir, host_key_line, sbin, log_path, process, login_dir)
-    try:
-        wait_for_port(address, port)
-    except OSError:
+        log_start = log_path.stat().st_size if log_path.exists() else 0
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                ["unshare", "--mount", "--uts", "--propagation", "private", "sh", "-c", inner],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        node = SshNode(name, address, listen_port, state_dir, host_key_line, sbin, log_path, var_tmp, process,
+                       login_dir)
+        printed = _until_listening(node, log_start)
+        if printed is None:
+            wait_for_port(address, listen_port)
+            return node
+        # free_port's port can be taken before sshd binds it (another test, or a parallel test worker,
+        # asked at the same moment): only sshd's own log line says the port is ours. Then try another.
+        if port is None and "Address already in use" in printed and attempt < 4:
+            node.login_dir = None  # kept for the next attempt
+            node.stop()
+            continue
+        node.login_dir = login_dir
         node.stop()
-        raise RuntimeError(f"sshd for {name} did not start: {node.log_text()[-2000:]}") from None
-    return node
+        raise RuntimeError(f"sshd for {name} did not start: {printed[-2000:]}")
+    raise AssertionError("unreachable")
+
+
+def _until_listening(node: SshNode, log_start: int, timeout: float = 10.0) -> str | None:
+    """None once this sshd logged that it listens on its address and port, else what it logged before it
+    exited (or the time ran out). A connection alone would not tell: another process may own the port."""
+    listening = f"Server listening on {node.address} port {node.port}."
+    deadline = time.monotonic() + timeout
+    assert node.process is not None
+    while True:
+        with open(node.log_path, "rb") as log:
+            log.seek(log_start)
+            printed = log.read().decode(errors="replace")
+        if listening in printed:
+            return None
+        if node.process.poll() is not None or time.monotonic() > deadline:
+            return printed or f"sshd exited with {node.process.returncode}"
+        time.sleep(0.02)

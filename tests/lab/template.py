@@ -11,7 +11,8 @@ with). The result is made hermetic before it is cached: no apt sources, no packa
 tarball (what CI keeps between runs) and unpacked next to it (what the overlay containers use as their
 lower directory). Measured on the 2-core test machine: see docs/testbed.md.
 
-Standard library only (the node's `pct` stand-in imports container.py, which imports nothing from here).
+Standard library and tests/lab/locks.py only (the node's `pct` stand-in imports container.py, which imports
+nothing from here).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+try:  # the suite imports tests.lab.template; the qm stand-in (through qemuvm.py) puts tests/lab on sys.path
+    from tests.lab.locks import cache_lock
+except ImportError:
+    from locks import cache_lock  # type: ignore[no-redef]
 
 # Bump when what goes into the template changes, so stale caches are not reused.
 _SCHEMA = 1
@@ -163,14 +169,16 @@ def ensure_template(name: str = "trixie", *, directory: Path | None = None) -> T
     base.mkdir(parents=True, exist_ok=True)
     stem = f"debian{spec.version_id}-{spec.suite}-{_key(spec)}"
     tarball, rootfs = base / f"{stem}.tar.gz", base / stem
-    from_cache = tarball.is_file()
-    seconds: float | None = None
-    if not from_cache:
-        seconds = _build(spec, tarball)
-    else:
-        with_meta = tarball.with_suffix(".json")
-        if with_meta.is_file():
-            seconds = json.loads(with_meta.read_text()).get("build_seconds")
-    if not rootfs.is_dir():
-        _unpack(tarball, rootfs)
+    # Parallel test workers on a fresh machine: one builds, the others wait and then reuse it.
+    with cache_lock(rootfs):
+        from_cache = tarball.is_file()
+        seconds: float | None = None
+        if not from_cache:
+            seconds = _build(spec, tarball)
+        else:
+            with_meta = tarball.with_suffix(".json")
+            if with_meta.is_file():
+                seconds = json.loads(with_meta.read_text()).get("build_seconds")
+        if not rootfs.is_dir():
+            _unpack(tarball, rootfs)
     return Template(name, rootfs, tarball, seconds, from_cache)

@@ -32,6 +32,7 @@ from fleetfix.probe.rules.tables import (
     TORCH_CXX20_FROM,
 )
 from tests.conftest import in_ci
+from tests.lab.locks import cache_lock
 from tests.lab.realtorch import REAL_TORCH_VERSION, cache_root, venv_path
 
 # NVIDIA's wheels, one per CUDA minor the tables name. 12.x: the nvcc wheel holds the crt headers;
@@ -45,18 +46,20 @@ CU13_NVCC = {"13.0": "13.0.88"}   # 37 MB; one is enough to show where 13.x's nv
 def wheel(name: str, version: str) -> zipfile.ZipFile:
     """NVIDIA's wheel `name==version`, from the cache or downloaded into it (skip/fail without PyPI)."""
     dest = cache_root() / "nvidia-wheels" / f"{name}-{version}"
-    found = sorted(dest.glob("*.whl"))
-    if not found:
-        dest.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                               "--disable-pip-version-check", "-d", str(dest), f"{name}=={version}"],
-                              capture_output=True, text=True, timeout=600)
+    with cache_lock(dest):  # another xdist worker (tests/e2e/test_groundtruth_glibc.py) may be downloading it
         found = sorted(dest.glob("*.whl"))
-        if done.returncode != 0 or not found:
-            reason = f"pip download {name}=={version} failed: {(done.stderr or done.stdout).strip()[-400:]}"
-            if in_ci():
-                pytest.fail(f"CI=true: {reason}", pytrace=False)
-            pytest.skip(reason)
+        if not found:
+            dest.mkdir(parents=True, exist_ok=True)
+            done = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                                   "--disable-pip-version-check", "-d", str(dest), f"{name}=={version}"],
+                                  capture_output=True, text=True, timeout=600)
+            found = sorted(dest.glob("*.whl"))
+            if done.returncode != 0 or not found:
+                output = (done.stderr or done.stdout).strip()[-400:]
+                reason = f"pip download {name}=={version} failed: {output}"
+                if in_ci():
+                    pytest.fail(f"CI=true: {reason}", pytrace=False)
+                pytest.skip(reason)
     return zipfile.ZipFile(found[0])
 
 
