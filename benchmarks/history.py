@@ -275,12 +275,16 @@ def main() -> None:
         result.update(reads(db))
         result["prune"] = prune(db, options.prune_days)
         result["loadavg_after"] = os.getloadavg()[0]
-        print(json.dumps(result, indent=1))
-        if options.json:
-            options.json.parent.mkdir(parents=True, exist_ok=True)
-            options.json.write_text(json.dumps(result, indent=2) + "\n")
+        _emit(result, options.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _emit(result: dict[str, Any], json_path: Path | None) -> None:
+    print(json.dumps(result, indent=1))
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def _main_audit_writes(options: argparse.Namespace) -> None:
@@ -299,10 +303,7 @@ def _main_audit_writes(options: argparse.Namespace) -> None:
                                       "volatile": options.volatile, "loadavg": os.getloadavg()}
             result.update(audit_writes(db, options.targets, options.nights, options.volatile))
             result["loadavg_after"] = os.getloadavg()
-        print(json.dumps(result, indent=1))
-        if options.json:
-            options.json.parent.mkdir(parents=True, exist_ok=True)
-            options.json.write_text(json.dumps(result, indent=2) + "\n")
+        _emit(result, options.json)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
