@@ -164,12 +164,14 @@ def _stub_dpkg_query(tmp_path: Path, statuses: dict[str, list[str]]) -> dict[str
 def test_cuda_toolkit_packages_check_reads_every_package_in_one_query(
     facts: dict[str, Any], tmp_path: Path, statuses: dict[str, list[str]], missing: str | None,
 ) -> None:
-    step = next(s for s in cuda_plan(facts).plays[0].steps if s.compiled.step.name == "toolkit packages installed")
+    step = next(s for s in cuda_plan(facts).plays[0].steps
+                if s.compiled.step.name == "toolkit packages installed")
     done = subprocess.run(["/bin/sh", "-s"], input=step.rendered.check, text=True, capture_output=True,
                           check=False, env=_stub_dpkg_query(tmp_path, statuses))
     assert len((tmp_path / "calls").read_text().splitlines()) == 1
     if missing is None:
-        assert (done.returncode, done.stdout) == (0, "installed: cuda-nvcc-12-8 cuda-cudart-dev-12-8 cuda-cccl-12-8\n")
+        everything = "installed: cuda-nvcc-12-8 cuda-cudart-dev-12-8 cuda-cccl-12-8\n"
+        assert (done.returncode, done.stdout) == (0, everything), done.stderr
     else:
         assert (done.returncode, done.stdout) == (1, missing + "\n"), done.stderr
 
@@ -180,7 +182,8 @@ def test_cuda_toolkit_reads_the_index_whenever_something_would_be_installed(
 ) -> None:
     """The toolkit installed but cuda-keyring not (exactly "install ok installed", as its step asks):
     the keyring step would download from the repository, so the index is read (here: no python3)."""
-    statuses = {p: ["install ok installed"] for p in ("cuda-nvcc-12-8", "cuda-cudart-dev-12-8", "cuda-cccl-12-8")}
+    toolkit = ("cuda-nvcc-12-8", "cuda-cudart-dev-12-8", "cuda-cccl-12-8")
+    statuses = {p: ["install ok installed"] for p in toolkit}
     if keyring:
         statuses["cuda-keyring"] = [keyring]
     step = cuda_plan(facts, cuda_repo_base="http://127.0.0.1:9/repos").plays[0].steps[1]
