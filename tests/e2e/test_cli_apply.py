@@ -58,6 +58,9 @@ def test_apply_fixes_two_containers_check_changes_nothing_and_rerun_is_a_noop(
     for target in again.json()["targets"]:
         assert target["counts"]["changed"] == 0, target
         assert target["status"] == "ok"
+        # Nothing would be installed, so the repository's index is not read (docs/playbooks.md).
+        guard = next(s for s in target["steps"] if s["name"] == "NVIDIA apt repository serves this CUDA")
+        assert guard["reason"].startswith("nothing to install: "), guard
     # Per container: its facts, then every step's check in one batch (not one `pct exec` per check).
     assert lab.node(None).pct_exec_count() - execs == 2 * 2
 

@@ -124,3 +124,69 @@ def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None
     assert not any("apt-get" in text and "install -y" in text for text in fake.scripts)
     assert not any("dpkg -i" in text or "apt-get -o DPkg::Lock::Timeout=600 update" in text
                    for text in fake.scripts)
+
+
+def _stub_dpkg_query(tmp_path: Path, statuses: dict[str, list[str]]) -> dict[str, str]:
+    """An environment whose PATH holds a dpkg-query answering `-W -f='${Package} ${Status}\\n' NAMES...`
+    from statuses (each name's instances, as dpkg's database would list a multiarch package) and the
+    few tools the checks use, no python3: a check that reads the repository's index says it cannot."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    table = tmp_path / "statuses"
+    table.write_text("".join(f"{name} {status}\n" for name, lines in statuses.items() for status in lines))
+    (bin_dir / "dpkg-query").write_text(
+        "#!/bin/sh\n"
+        f'echo call >> {tmp_path / "calls"}\n'
+        '[ "$1" = -W ] || exit 1\n'
+        "shift 2\n"
+        "rc=0\n"
+        'for p in "$@"; do\n'
+        f'  grep "^$p " {table} || {{ echo "dpkg-query: no packages found matching $p" >&2; rc=1; }}\n'
+        "done\n"
+        "exit $rc\n")
+    (bin_dir / "dpkg-query").chmod(0o755)
+    for tool in ("awk", "grep", "head"):
+        found = subprocess.run(["sh", "-c", f"command -v {tool}"], capture_output=True, text=True, check=True)
+        (bin_dir / tool).symlink_to(found.stdout.strip())
+    return {"PATH": str(bin_dir)}
+
+
+@pytest.mark.parametrize(("statuses", "missing"), [
+    ({"cuda-nvcc-12-8": ["install ok installed"], "cuda-cudart-dev-12-8": ["hold ok installed"],
+      "cuda-cccl-12-8": ["install ok installed"]}, None),
+    # One instance installed of a multiarch package is enough, as `grep -q ' installed$'` per package said.
+    ({"cuda-nvcc-12-8": ["deinstall ok config-files", "install ok installed"],
+      "cuda-cudart-dev-12-8": ["install ok installed"], "cuda-cccl-12-8": ["install ok installed"]}, None),
+    ({"cuda-nvcc-12-8": ["install ok unpacked"], "cuda-cudart-dev-12-8": ["unknown ok not-installed"],
+      "cuda-cccl-12-8": ["install ok installed"]}, "not installed: cuda-nvcc-12-8 cuda-cudart-dev-12-8"),
+    ({"cuda-cccl-12-8": ["install ok installed"]}, "not installed: cuda-nvcc-12-8 cuda-cudart-dev-12-8"),
+])
+def test_cuda_toolkit_packages_check_reads_every_package_in_one_query(
+    facts: dict[str, Any], tmp_path: Path, statuses: dict[str, list[str]], missing: str | None,
+) -> None:
+    step = next(s for s in cuda_plan(facts).plays[0].steps
+                if s.compiled.step.name == "toolkit packages installed")
+    done = subprocess.run(["/bin/sh", "-s"], input=step.rendered.check, text=True, capture_output=True,
+                          check=False, env=_stub_dpkg_query(tmp_path, statuses))
+    assert len((tmp_path / "calls").read_text().splitlines()) == 1
+    if missing is None:
+        everything = "installed: cuda-nvcc-12-8 cuda-cudart-dev-12-8 cuda-cccl-12-8\n"
+        assert (done.returncode, done.stdout) == (0, everything), done.stderr
+    else:
+        assert (done.returncode, done.stdout) == (1, missing + "\n"), done.stderr
+
+
+@pytest.mark.parametrize("keyring", [None, "deinstall ok config-files", "hold ok installed"])
+def test_cuda_toolkit_reads_the_index_whenever_something_would_be_installed(
+    facts: dict[str, Any], tmp_path: Path, keyring: str | None,
+) -> None:
+    """The toolkit installed but cuda-keyring not (exactly "install ok installed", as its step asks):
+    the keyring step would download from the repository, so the index is read (here: no python3)."""
+    toolkit = ("cuda-nvcc-12-8", "cuda-cudart-dev-12-8", "cuda-cccl-12-8")
+    statuses = {p: ["install ok installed"] for p in toolkit}
+    if keyring:
+        statuses["cuda-keyring"] = [keyring]
+    step = cuda_plan(facts, cuda_repo_base="http://127.0.0.1:9/repos").plays[0].steps[1]
+    done = subprocess.run(["/bin/sh", "-s"], input=step.rendered.check, text=True, capture_output=True,
+                          check=False, env=_stub_dpkg_query(tmp_path, statuses))
+    assert done.returncode == 0 and done.stdout.startswith("no python3 to read "), done.stdout + done.stderr
