@@ -47,7 +47,7 @@ from fleetfix.secrets import Redactor, is_reference, resolve_reference
 from fleetfix.terminal import safe_line
 
 if TYPE_CHECKING:
-    from fleetfix.audit.drift import Drift
+    from fleetfix.audit.drift import Drift, FindingChange
     from fleetfix.audit.model import StoredRun, TargetResult
     from fleetfix.audit.store import AuditStore
 
@@ -266,6 +266,12 @@ def _not_probed(result: TargetResult | None, name: str) -> Change:
     return Change(_clean(name), UNREACHABLE, "error", _clean(f"{status}: {error}" if error else status))
 
 
+def _listed(change: FindingChange, was: str | None = None) -> Change:
+    finding = change.finding
+    return Change(_clean(change.target), finding.code, finding.severity.value, _clean(finding.summary),
+                  was=was)
+
+
 def notice_of(run: StoredRun, drift: Drift, config: NotifyConfig) -> Notice:
     """The changes of the run's drift that the notification reports (see the module's doc)."""
     least = config.min_severity
@@ -276,20 +282,14 @@ def notice_of(run: StoredRun, drift: Drift, config: NotifyConfig) -> Notice:
         fresh = list(results)
     else:
         fresh = [*drift.appeared, *drift.recovered]
-        for change in drift.new_findings:
-            if _counts(change.finding.severity.value, least):
-                new.append(Change(_clean(change.target), change.finding.code, change.finding.severity.value,
-                                  _clean(change.finding.summary)))
-        for change in drift.resolved_findings:
-            if _counts(change.finding.severity.value, least):
-                resolved.append(Change(_clean(change.target), change.finding.code,
-                                       change.finding.severity.value, _clean(change.finding.summary)))
+        new += [_listed(change) for change in drift.new_findings
+                if _counts(change.finding.severity.value, least)]
+        resolved += [_listed(change) for change in drift.resolved_findings
+                     if _counts(change.finding.severity.value, least)]
         for change in drift.severity_changed:
             now, was = change.finding.severity.value, change.previous_severity or "info"
             if _counts(now, least) != _counts(was, least):
-                item = Change(_clean(change.target), change.finding.code, now, _clean(change.finding.summary),
-                              was=was)
-                (new if _counts(now, least) else resolved).append(item)
+                (new if _counts(now, least) else resolved).append(_listed(change, was=was))
         new += [_not_probed(results.get(name), name) for name in drift.became_unreachable]
         resolved += [Change(_clean(name), UNREACHABLE, "error", "probed again") for name in drift.recovered]
     for name in sorted(set(fresh)):
