@@ -19,8 +19,9 @@ the apt repository stand-in of tests/lab/aptrepo.py served on 127.0.0.1), in thi
 A floor run is one process with no SSH and no controller logic: per node (at most `forks` nodes at once,
 as fleetfix) and per container (at most `channels` at once, fleetfix's channels per node), first the facts
 (the node-facts script once per node through `/bin/sh -s`, fleetfix's probe script per container through
-`pct exec CTID -- /bin/sh -s`), then, once every container's facts are in (fleetfix plans every target
-before it runs any), each container's recorded scripts in their recorded order through the node's own
+`pct exec CTID -- /bin/sh -s`; where apply sent a target's check batch in its facts' command, that batch
+too, in the same command, as apply does), then, once every container's facts are in (fleetfix plans every
+target before it runs any), each container's other recorded scripts in their recorded order through the node's own
 `pct exec CTID -- /bin/sh -s`, the script on stdin, as fleetfix's run_script sends it. Every script's
 exit status must equal the recorded one (else the floor did other work and the run fails).
 
@@ -88,7 +89,8 @@ class Row:
 def recorded_scripts(state_dir: Path) -> dict[str, list[tuple[str, str, int | None]]]:
     """The one run under state_dir: per target name, the scripts that went to it in order, as (phase,
     script, rc). A target's check batch (a `check-batch` event that was used) is one script, made again
-    from the checks it ran: outside check mode those are the target's first recorded scripts."""
+    from the checks it ran: outside check mode those are the target's first recorded scripts. A batch
+    that went with the facts has the phase WITH_FACTS: the floor sends it after its probe, in one command."""
     from fleetfix.playbook.checkbatch import batch_script, new_nonce
     from fleetfix.playbook.records import list_runs, load_run
 
@@ -108,9 +110,14 @@ def recorded_scripts(state_dir: Path) -> dict[str, list[tuple[str, str, int | No
                 raise RuntimeError(f"{name}: the check batch's checks are not its first scripts")
             checks = [script for _, script, _ in runs[:count]]
             batched = batch_script(checks, new_nonce(), stop_at_failure=True)
-            runs = [("check-batch", batched, 0), *runs[count:]]
+            # Sent in the facts' own command (transport/session.py): the floor runs it with its probe.
+            phase = WITH_FACTS if batch.get("with_facts") else "check-batch"
+            runs = [(phase, batched, 0), *runs[count:]]
         scripts[name] = runs
     return scripts
+
+
+WITH_FACTS = "check-batch-with-facts"
 
 
 def floor_plan(fleet: Bed, scripts: dict[str, list[tuple[str, str, int | None]]]) -> dict[str, Any]:
@@ -145,6 +152,7 @@ def _sh(argv: Sequence[str], script: str) -> int:
 def drive(plan: dict[str, Any], forks: int, channels: int) -> dict[str, Any]:
     from fleetfix.probe import build_node_script, build_probe_script
     from fleetfix.probe.run import with_buffered_stdout
+    from fleetfix.transport.session import head_script, new_nonce
 
     probe, node_script = with_buffered_stdout(build_probe_script()), build_node_script()
     shell = ["/bin/sh", "-s"]
@@ -156,17 +164,32 @@ def drive(plan: dict[str, Any], forks: int, channels: int) -> dict[str, Any]:
             list(pool.map(work, plan["nodes"].items()))
 
     def facts(item: tuple[str, dict[str, Any]]) -> None:
-        _, node = item
+        name, node = item
+
+        def container(ctid: str) -> None:
+            runs = node["containers"][ctid]
+            if not runs or runs[0]["phase"] != WITH_FACTS:
+                _sh([node["pct"], "exec", ctid, "--", *shell], probe)
+                return
+            # fleetfix's one command for both (transport/session.py), sent whole: the floor has no
+            # controller to wait for the facts before it sends the batch.
+            session = head_script(probe, new_nonce()) + runs[0]["script"]
+            rc = _sh([node["pct"], "exec", ctid, "--", *shell], session)
+            if rc != runs[0]["rc"]:
+                with lock:
+                    mismatches.append(f"{name}/{ctid} {WITH_FACTS}: exit {rc}, recorded {runs[0]['rc']}")
+
         with ThreadPoolExecutor(channels) as pool:
             pool.submit(_sh, shell, node_script)
-            list(pool.map(lambda ctid: _sh([node["pct"], "exec", ctid, "--", *shell], probe),
-                          node["containers"]))
+            list(pool.map(container, node["containers"]))
 
     def steps(item: tuple[str, dict[str, Any]]) -> None:
         name, node = item
 
         def container(ctid: str) -> None:
             for run in node["containers"][ctid]:
+                if run["phase"] == WITH_FACTS:
+                    continue  # ran with the facts
                 rc = _sh([node["pct"], "exec", ctid, "--", *shell], run["script"])
                 if rc != run["rc"]:
                     with lock:

@@ -24,9 +24,13 @@ from fleetfix.errors import ExitCode
 from fleetfix.inventory.request import TargetRequest
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+    from typing import Any
+
     from fleetfix.fleet import Fleet
     from fleetfix.playbook import Playbook, PlaybookRun
     from fleetfix.target import Target
+    from fleetfix.transport.base import CommandResult, Transport
 
 
 def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollout: RolloutOptions, *,
@@ -35,7 +39,7 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     each step printed as it ends (show_steps), scripts' output streamed (live_output)."""
     from fleetfix.cli.live import LiveOutput, step_printer
     from fleetfix.playbook import FleetAccess, RunHooks, RunOptions, RunRecorder, run_playbook
-    from fleetfix.probe.run import gather_facts
+    from fleetfix.probe.run import gather_facts, gather_facts_then
     from fleetfix.secrets import Redactor
 
     variables, secrets = rollout.secret_vars()
@@ -47,9 +51,14 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     with RunRecorder(rollout.records_dir(), max_field=rollout.record_output or DEFAULT_RECORD_OUTPUT
                      ) as recorder:
         recorder.add_secrets(secrets)
+        def facts_then(target: Target, transport: Transport, then: Callable[[Mapping[str, Any]], str | None]
+                       ) -> tuple[Mapping[str, Any], CommandResult | None] | None:
+            gathered = gather_facts_then(target, transport, lambda facts: then(facts.model_dump(mode="json")))
+            return None if gathered is None else (gathered[0].model_dump(mode="json"), gathered[1])
+
         fleet_access = FleetAccess(
             fleet.map, lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-            fleet.guest)
+            fleet.guest, facts_then)
         options = RunOptions(vars=variables, check_mode=rollout.check, serial=rollout.serial,
                              max_fail_pct=rollout.max_fail, snapshots=rollout.snapshot_policy(),
                              wheels=rollout.wheel_options(), batch_checks=True)

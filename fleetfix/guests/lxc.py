@@ -61,7 +61,15 @@ from fleetfix.guests.transfer import (
     receive_local,
     unique_suffix,
 )
-from fleetfix.transport.base import TIMEOUT_EXIT_CODE, CommandResult, OutputSink, Transport
+from fleetfix.transport.base import (
+    TIMEOUT_EXIT_CODE,
+    CommandResult,
+    FeedableTransport,
+    OutputSink,
+    StdinFeed,
+    Transport,
+    feedable,
+)
 from fleetfix.transport.remote import TIMEOUT_MARKER, with_watchdog
 
 CONTAINER_ENV: tuple[str, ...] = (
@@ -149,6 +157,27 @@ class PctTransport:
         node_argv = pct_exec_argv(self.ctid, argv, timeout)
         result = self.connection.execute(node_argv, stdin=stdin, timeout=node_timeout, on_output=on_output)
         return pct_result(result, self.ctid, self.node_name, timeout)
+
+    def feedable(self) -> FeedableTransport | None:
+        """This CT's commands with stdin fed over time, where the node's connection can feed (not through
+        become: sudo rules name commands)."""
+        node = feedable(self.connection)
+        return None if node is None else _FedPct(self, node)
+
+
+class _FedPct:
+    """`PctTransport.execute`'s twin for a fed stdin: the same argv, limits and reading of pct's refusals."""
+
+    def __init__(self, pct: PctTransport, node: FeedableTransport) -> None:
+        self.pct, self.node = pct, node
+        self.label = pct.label
+
+    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, timeout: float | None = None,
+                    on_output: OutputSink | None = None) -> CommandResult:
+        node_timeout = None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
+        node_argv = pct_exec_argv(self.pct.ctid, argv, timeout)
+        result = self.node.execute_fed(node_argv, feed, timeout=node_timeout, on_output=on_output)
+        return pct_result(result, self.pct.ctid, self.pct.node_name, timeout)
 
 
 # pct push / pull refusing a stopped CT (a die before the worker; pull's message has no newline, so Perl

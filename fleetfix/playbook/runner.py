@@ -211,6 +211,10 @@ class TargetPlan:
     facts: dict[str, Any]
     target_info: dict[str, Any]
     plays: list[PlannedPlay]
+    # The check batch that ran with the facts (run_playbook's plan); its target runs no batch of its own.
+    # checked_with_facts and early_checks None: that batch is not to be used (its event says why).
+    checked_with_facts: bool = False
+    early_checks: _CheckBatch | None = None
 
 
 def target_info(target: Target) -> dict[str, Any]:
@@ -608,7 +612,10 @@ def _after_snapshot(guard: SnapshotGuard, status: TargetStatus) -> SnapshotOutco
 def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
     """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
     would_change = False
-    batch = _CheckBatch.run(target) if target.context.batch_checks else None
+    if target.plan.checked_with_facts:
+        batch = target.plan.early_checks
+    else:
+        batch = _CheckBatch.run(target) if target.context.batch_checks else None
     for play in target.plan.plays:
         registered: dict[str, Any] = {}
         for planned in play.steps:
@@ -668,12 +675,9 @@ class _CheckBatch:
 
     @classmethod
     def run(cls, target: _TargetState) -> _CheckBatch | None:
-        context = target.context
-        found = cls.candidates(target.plan, context.check_mode)
-        if len(found) < 2:  # one check is one round trip either way
+        pending = _PendingBatch.of(target.plan, target.context.check_mode)
+        if pending is None:
             return None
-        nonce = new_nonce()
-        script = batch_script([check for _, _, check in found], nonce, stop_at_failure=not context.check_mode)
         output = bytearray()
 
         def keep(stream: Stream, chunk: bytes) -> None:
@@ -681,31 +685,61 @@ class _CheckBatch:
                 output.extend(chunk)
 
         started = time.monotonic()
-        error: str | None = None
-        parsed: list[BatchedCheck] | None = None
         try:
             # No timeout: no check in it has one, as none of those steps' own runs would.
-            result = run_script(target.transport, script, on_output=keep)
+            result = run_script(target.transport, pending.script, on_output=keep)
         except TransportError as exc:
-            error = f"not run: {exc}"
-        else:
-            if result.stdout and not output:  # a transport that hands no output on as it comes
-                output.extend(result.stdout.encode(errors="surrogateescape"))
+            return pending.finish(target.context.recorder, target.plan.target, f"not run: {exc}",
+                                  duration=time.monotonic() - started)
+        if result.stdout and not output:  # a transport that hands no output on as it comes
+            output.extend(result.stdout.encode(errors="surrogateescape"))
+        return pending.finish(target.context.recorder, target.plan.target, (result, bytes(output)),
+                              duration=time.monotonic() - started)
+
+
+@dataclass(frozen=True)
+class _PendingBatch:
+    """A target's check batch as it goes to the target: which checks, and the script that runs them."""
+
+    found: list[tuple[PlannedPlay, PlannedStep, str]]
+    nonce: str
+    script: str
+
+    @classmethod
+    def of(cls, plan: TargetPlan, check_mode: bool) -> _PendingBatch | None:
+        """The batch of plan's checks; None when there are fewer than two (one is one round trip either
+        way)."""
+        found = _CheckBatch.candidates(plan, check_mode)
+        if len(found) < 2:
+            return None
+        nonce = new_nonce()
+        return cls(found, nonce, batch_script([check for _, _, check in found], nonce,
+                                              stop_at_failure=not check_mode))
+
+    def finish(self, recorder: Recorder, target: Target, ran: tuple[CommandResult, bytes] | str, *,
+               duration: float, with_facts: bool = False) -> _CheckBatch | None:
+        """The batch's results from its run (its result, and its stdout as bytes; or why it did not run),
+        recorded; None when it is not to be used."""
+        parsed: list[BatchedCheck] | None = None
+        error = ran if isinstance(ran, str) else None
+        if not isinstance(ran, str):
+            result, output = ran
             if len(output) > MAX_BATCH_OUTPUT or result.dropped:
                 error = "output over the batch's cap"
             else:
-                parsed = parse_batch(bytes(output), nonce, len(found))
+                parsed = parse_batch(output, self.nonce, len(self.found))
                 if parsed is None:
                     error = f"unreadable result (exit {result.exit_code})"
-        context.recorder.event(
-            "check-batch", target=target.plan.target.name,
+        recorder.event(
+            "check-batch", target=target.name,
             steps=[{"playbook": play.compiled.playbook.name, "step": planned.compiled.step.name}
-                   for play, planned, _ in found],
-            ran=len(parsed) if parsed is not None else None, duration=time.monotonic() - started,
-            error=error)
+                   for play, planned, _ in self.found],
+            ran=len(parsed) if parsed is not None else None, duration=duration, error=error,
+            with_facts=with_facts)
         if parsed is None:
             return None
-        return cls({id(planned): checked for (_, planned, _), checked in zip(found, parsed, strict=False)})
+        return _CheckBatch({id(planned): checked
+                            for (_, planned, _), checked in zip(self.found, parsed, strict=False)})
 
 
 def _record_step(context: RunContext, target: Target, result: StepResult) -> None:
@@ -733,16 +767,23 @@ class FleetMap(Protocol):
 
 
 FactsFor = Callable[[Target, Transport], Mapping[str, Any]]
+# A target's facts, then the script a function of them returns, in one command on the target
+# (transport/session.py): the facts and that script's result (None: none sent); None where the transport
+# cannot (nothing ran: facts_for then).
+FactsThen = Callable[[Target, Transport, Callable[[Mapping[str, Any]], str | None]],
+                     tuple[Mapping[str, Any], CommandResult | None] | None]
 
 
 @dataclass(frozen=True)
 class FleetAccess:
     """How the runner reaches the targets: the fleet's map, the facts of a target, and its guest driver
-    (Fleet.guest; needed for snapshots, copy/fetch/wheels steps and a dedicated builder's clones)."""
+    (Fleet.guest; needed for snapshots, copy/fetch/wheels steps and a dedicated builder's clones).
+    facts_then, where given, lets a run send a target's check batch with its facts (RunOptions)."""
 
     map: FleetMap
     facts_for: FactsFor
     guest_for: GuestFor | None = None
+    facts_then: FactsThen | None = None
 
 
 @dataclass(frozen=True)
@@ -754,7 +795,9 @@ class RunOptions:
     failed or were unreachable. snapshots: snapshot each target before its first change (also when any
     playbook of the chain says `snapshot: true`), never in check mode. wheels: the wheel cache.
     batch_checks: evaluate each target's checks ahead of their steps in one round trip (_CheckBatch);
-    `fleetfix apply` does."""
+    `fleetfix apply` does. Where the fleet can (FleetAccess.facts_then) and every target runs in the one
+    batch of `serial` (so that no target's steps wait behind other batches' after its checks ran), that
+    round trip is the facts' own: the batch goes in the same command, right after them."""
 
     vars: Mapping[str, Any] = field(default_factory=dict)
     check_mode: bool = False
@@ -840,17 +883,46 @@ def run_playbook(playbook: Playbook, targets: Sequence[Target], fleet: FleetAcce
                    snapshot={"take": policy.take, "rollback_on_failure": policy.rollback_on_failure,
                              "keep": policy.keep, "allow_no_snapshot": policy.allow_no_snapshot})
 
-    def plan(target: Target, transport: Transport) -> TargetPlan | TemplateError:
-        facts = dict(fleet.facts_for(target, transport))
+    facts_then = fleet.facts_then if options.batch_checks and (
+        not options.serial or options.serial >= len(targets)) else None
+
+    def plan_or_error(target: Target, facts: Mapping[str, Any]) -> TargetPlan | TemplateError:
         try:
-            planned = plan_target(chain, target, facts, options.vars)
+            return plan_target(chain, target, facts, options.vars)
         except TemplateError as exc:
-            recorder.event("target-start", target=target.name, facts=facts, vars=None)
             return exc
+
+    def plan(target: Target, transport: Transport) -> TargetPlan | TemplateError:
+        planned: TargetPlan | TemplateError | None = None
+        pending: _PendingBatch | None = None
+
+        def checks_for(facts: Mapping[str, Any]) -> str | None:  # once the facts are in, in the same command
+            nonlocal planned, pending
+            planned = plan_or_error(target, facts)
+            if isinstance(planned, TargetPlan):
+                pending = _PendingBatch.of(planned, options.check_mode)
+            return None if pending is None else pending.script
+
+        with_checks = facts_then(target, transport, checks_for) if facts_then is not None else None
+        if with_checks is None:
+            facts = dict(fleet.facts_for(target, transport))
+            planned = plan_or_error(target, facts)
+        else:
+            facts, checked = dict(with_checks[0]), with_checks[1]
+            if planned is None:
+                planned = plan_or_error(target, facts)
+        if isinstance(planned, TemplateError):
+            recorder.event("target-start", target=target.name, facts=facts, vars=None)
+            return planned
         for play in planned.plays:
             add_secrets(secret_values(play.vars))
         recorder.event("target-start", target=target.name, facts=facts,
                        vars=mask_vars(planned.plays[-1].vars))
+        if pending is not None and with_checks is not None:
+            planned.checked_with_facts = True
+            ran = "not run" if checked is None else (checked, checked.stdout.encode(errors="surrogateescape"))
+            planned.early_checks = pending.finish(recorder, target, ran, with_facts=True,
+                                                  duration=checked.duration if checked else 0.0)
         return planned
 
     finished: dict[str, TargetRun] = {}

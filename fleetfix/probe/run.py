@@ -17,7 +17,7 @@ from fleetfix.fleet.batches import NodeScript, Ran, ScriptJob, run_scripts, scri
 from fleetfix.importahead import import_ahead
 from fleetfix.probe.script import build_node_script, build_probe_script
 from fleetfix.target import Target
-from fleetfix.transport.base import Transport, run_script
+from fleetfix.transport.base import CommandResult, Transport, run_script
 
 if TYPE_CHECKING:
     from fleetfix.probe.facts import Facts, NodeFacts
@@ -211,6 +211,29 @@ def gather_facts(target: Target, transport: Transport, *, deep: bool = False) ->
     from fleetfix.probe.facts import parse_facts  # after the script ran: see MODEL_MODULES
 
     return parse_facts(_probe_output(target, transport, deep=deep))
+
+
+def gather_facts_then(target: Target, transport: Transport, then: Callable[[Facts], str | None]
+                      ) -> tuple[Facts, CommandResult | None] | None:
+    """gather_facts, then the script then(facts) returns, run in the same command on the target (one
+    `pct exec`, transport/session.py): the facts and that script's result (None when none was sent).
+    None, and nothing run, where the transport cannot feed a command's stdin over time."""
+    from fleetfix.probe.facts import parse_facts  # after the script ran: see MODEL_MODULES
+    from fleetfix.transport.session import run_then
+
+    job = _probe_job(deep=False)
+    parsed: list[Facts] = []
+
+    def next_script(stdout: str) -> str | None:
+        parsed.append(parse_facts(stdout))
+        return then(parsed[0])
+
+    session = run_then(transport, job.script(target), next_script, timeout=job.timeout)
+    if session is None:
+        return None
+    if not parsed:  # the probe did not end (a timeout, ...): its failure as gather_facts reports it
+        parsed.append(parse_facts(script_output(session.first, job)))
+    return parsed[0], session.second
 
 
 def _probe_output(target: Target, transport: Transport, *, deep: bool) -> str:

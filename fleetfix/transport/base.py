@@ -14,7 +14,7 @@ import shlex
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import BinaryIO, Literal, Protocol, runtime_checkable
+from typing import BinaryIO, Literal, Protocol, cast, runtime_checkable
 
 from fleetfix.errors import CommandFailedError, TransferError
 
@@ -206,12 +206,23 @@ class FeedableTransport(Protocol):
 
     label: str
 
-    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, on_output: OutputSink | None = None
-                    ) -> CommandResult:
-        """Run argv with feed as its stdin, no timeout: it ends when the command does (after the feed's
-        EOF, for a command that reads to the end). The feed is closed when the command has ended. The
-        output is for on_output: the result keeps at most FED_RESULT_OUTPUT bytes of each stream."""
+    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, timeout: float | None = None,
+                    on_output: OutputSink | None = None) -> CommandResult:
+        """Run argv with feed as its stdin: it ends when the command does (after the feed's EOF, for a
+        command that reads to the end), or is killed at timeout as `execute`'s are. The feed is closed when
+        the command has ended. The output is for on_output: the result keeps at most FED_RESULT_OUTPUT
+        bytes of each stream."""
         ...
+
+
+def feedable(transport: Transport) -> FeedableTransport | None:
+    """The transport as one whose commands take stdin over time, or None where it cannot. A transport
+    that wraps another (a node's shared connection, a container's `pct exec`) says so through its own
+    `feedable()`: whether it can depends on what it wraps."""
+    unwrap = getattr(transport, "feedable", None)
+    if callable(unwrap):
+        return cast("FeedableTransport | None", unwrap())
+    return transport if isinstance(transport, FeedableTransport) else None
 
 
 def replay_output(result: CommandResult, on_output: OutputSink | None) -> CommandResult:
@@ -268,6 +279,9 @@ class NodeTransport:
         on_output: OutputSink | None = None,
     ) -> CommandResult:
         return self.connection.execute(argv, stdin=stdin, timeout=timeout, on_output=on_output)
+
+    def feedable(self) -> FeedableTransport | None:
+        return feedable(self.connection)
 
     # Guests stage their transfers on the node, so files go to the connection when it can carry them (SSH:
     # SFTP); one that cannot (a test's fake) says so by name rather than with an AttributeError.

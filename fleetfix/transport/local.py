@@ -55,11 +55,11 @@ class LocalTransport:
     ) -> CommandResult:
         return self._execute(argv, stdin, timeout, on_output, self.max_output)
 
-    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, on_output: OutputSink | None = None
-                    ) -> CommandResult:
+    def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, timeout: float | None = None,
+                    on_output: OutputSink | None = None) -> CommandResult:
         """Run argv with stdin written as it is fed (`transport.base.FeedableTransport`)."""
         try:
-            return self._execute(argv, feed, None, on_output, FED_RESULT_OUTPUT)
+            return self._execute(argv, feed, timeout, on_output, FED_RESULT_OUTPUT)
         finally:
             feed.close()  # the command ended (or never started): its writer stops waiting for more
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from fleetfix.playbook.records import list_runs, load_run
 from tests.e2e.conftest import host_args, run_cli, write_inventory
 from tests.e2e.scenarios import problem_case
 from tests.lab.aptrepo import AptRepo
@@ -61,8 +62,12 @@ def test_apply_fixes_two_containers_check_changes_nothing_and_rerun_is_a_noop(
         # Nothing would be installed, so the repository's index is not read (docs/playbooks.md).
         guard = next(s for s in target["steps"] if s["name"] == "NVIDIA apt repository serves this CUDA")
         assert guard["reason"].startswith("nothing to install: "), guard
-    # Per container: its facts, then every step's check in one batch (not one `pct exec` per check).
-    assert lab.node(None).pct_exec_count() - execs == 2 * 2
+    # Per container one `pct exec`: its facts, then every step's check in one batch, in the same command
+    # (not one `pct exec` for the facts and one per check).
+    assert lab.node(None).pct_exec_count() - execs == 2 * 1
+    last = load_run(tmp_path / "state", list_runs(tmp_path / "state")[-1].run_id)
+    batches = [e for e in last.events if e.get("kind") == "check-batch"]
+    assert [(e["with_facts"], e["ran"], e["error"]) for e in batches] == [(True, 9, None)] * 2, batches
 
 
 def test_a_failing_container_is_reported_and_the_other_still_fixed(
