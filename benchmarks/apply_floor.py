@@ -19,11 +19,11 @@ the apt repository stand-in of tests/lab/aptrepo.py served on 127.0.0.1), in thi
 A floor run is one process with no SSH and no controller logic: per node (at most `forks` nodes at once,
 as fleetfix) and per container (at most `channels` at once, fleetfix's channels per node), first the facts
 (the node-facts script once per node through `/bin/sh -s`, fleetfix's probe script per container through
-`pct exec CTID -- /bin/sh -s`; where apply sent a target's check batch in its facts' command, that batch
-too, in the same command, as apply does), then, once every container's facts are in (fleetfix plans every
-target before it runs any), each container's other recorded scripts in their recorded order through the node's own
-`pct exec CTID -- /bin/sh -s`, the script on stdin, as fleetfix's run_script sends it. Every script's
-exit status must equal the recorded one (else the floor did other work and the run fails).
+`pct exec CTID -- /bin/sh -s`; where apply sent a target's check batch in its facts' command, that
+batch too, in the same command, as apply does), then, once every container's facts are in (fleetfix plans
+every target before it runs any), each container's other recorded scripts in their recorded order through
+the node's own `pct exec CTID -- /bin/sh -s`, the script on stdin, as fleetfix's run_script sends it.
+Every script's exit status must equal the recorded one (else the floor did other work and the run fails).
 
 Per run: wall, controller CPU and peak RSS (os.wait4 of the command; for the floor, its driver's own CPU,
 what a controller would spend: the pct processes and the containers' work are the nodes' side, and are

@@ -47,6 +47,9 @@ class StepBase(BaseModel):
     name: str = Field(min_length=1)
     when: Expression | None = None  # jinja2 expression; false → skipped
     check: str | None = None  # script; exit 0 = already in the desired state (must be read-only)
+    # template over facts and vars; rendered to text at plan time, the step is known to be in its desired
+    # state from the facts (the text is its reason) while nothing on the target has changed; else check runs
+    facts_check: str | None = None
     apply: str | None = None  # script that makes the change
     verify: str | None = None  # script that must exit 0 after apply
     # Upper bounds: with huge numbers time.sleep and the remote watchdog overflow.
@@ -165,6 +168,11 @@ def check_rules(book: Playbook) -> None:
                     raise book.error_at((*at, field), "only meaningful with apply")
             if step.retries:
                 raise book.error_at((*at, "retries"), "only meaningful with apply")
+        if step.facts_check is not None and step.check is None:
+            raise book.error_at((*at, "facts_check"), "needs check: it runs when the facts cannot tell")
+        if step.facts_check is not None and step.register_as is not None:
+            raise book.error_at((*at, "facts_check"),
+                                "not with register: a step known from the facts runs no check to register")
         if step.register_as is not None:
             if not step.register_as.isidentifier() or keyword.iskeyword(step.register_as):
                 raise book.error_at((*at, "register"), "must be an identifier")

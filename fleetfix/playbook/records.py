@@ -10,7 +10,8 @@ fsync'ed before the call returns, so a crash loses at most the line being writte
     target-start  target, facts, vars (masked)
     script-start  target, playbook, step, phase (check|apply|verify), attempt, script (rendered)
     script-end    target, playbook, step, phase, attempt, rc, stdout, stderr, duration, timed_out, error
-    check-batch   target, steps ({playbook, step} per check), ran (null: not used), duration, error
+    check-batch   target, steps ({playbook, step} per check), ran (null: not used), duration, error,
+                  with_facts (sent in the facts' own command)
     step          target, playbook, step, status, reason, rc, duration, ignored
     snapshot      target, guest, vmid, ctid, snapshot (name or null), ok, error, was_running / refused
     snapshot-prune  target, guest, vmid, ctid, deleted, warnings

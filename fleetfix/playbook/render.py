@@ -283,6 +283,8 @@ class StepFields(Protocol):
     @property
     def check(self) -> str | None: ...
     @property
+    def facts_check(self) -> str | None: ...
+    @property
     def apply(self) -> str | None: ...
     @property
     def verify(self) -> str | None: ...
@@ -472,6 +474,7 @@ class CompiledStep:
     expressions: dict[str, Any]  # field -> jinja2 TemplateExpression
     uses_registered: bool  # renders at run time, just before it runs
     action: Any = None  # a typed step's own templates, as its type compiled them (StepType.compile)
+    facts_check: jinja2.Template | None = None  # plain text, rendered when the target is planned
 
 
 class CompiledPlaybook:
@@ -525,6 +528,13 @@ class CompiledPlaybook:
         for name, value in step.env.items():
             ast, env[name] = self._parse(TEXT_ENV, str(value), (*at, "env", name))
             asts.append(((*at, "env", name), ast))
+        facts_check: jinja2.Template | None = None
+        if step.facts_check is not None:
+            ast, facts_check = self._parse(TEXT_ENV, step.facts_check, (*at, "facts_check"))
+            if _registered_refs(ast)[0]:
+                raise self.playbook.error_at((*at, "facts_check"), f"step {step.name!r}: facts_check is "
+                                             "rendered when the target is planned, before any registered")
+            asts.append(((*at, "facts_check"), ast))
         expressions: dict[str, Any] = {}
         for field in EXPRESSION_FIELDS:
             source = getattr(step, field)
@@ -546,7 +556,7 @@ class CompiledPlaybook:
             if "result" in meta.find_undeclared_variables(ast) and loc[-1] not in _RESULT_FIELDS:
                 raise self.playbook.error_at(
                     loc, f"step {step.name!r}: `result` exists only in until and changed_when")
-        return CompiledStep(index, step, scripts, env, expressions, uses_registered, action)
+        return CompiledStep(index, step, scripts, env, expressions, uses_registered, action, facts_check)
 
     def _compile_script(self, step: StepFields, source: str, loc: Loc,
                         asts: list[tuple[Loc, nodes.Template]]) -> jinja2.Template:
@@ -602,6 +612,15 @@ class CompiledPlaybook:
         scope.update(facts=scoped(facts, "facts"), vars=scoped(vars, "vars"),
                      target=scoped(target, "target"), registered=scoped(registered, "registered"))
         return scope
+
+    def known_from_facts(self, compiled: CompiledStep, scope: Mapping[str, Any]) -> str | None:
+        """A step's facts_check rendered, whitespace trimmed: None when it has none or it renders empty."""
+        if compiled.facts_check is None:
+            return None
+        try:
+            return " ".join(compiled.facts_check.render(scope).split()) or None
+        except _RENDER_ERRORS as exc:
+            raise self._step_error(compiled, "facts_check", exc) from None
 
     def evaluate(self, compiled: CompiledStep, field: str, scope: Mapping[str, Any]) -> bool:
         """A step's when / until / changed_when, as a bool."""

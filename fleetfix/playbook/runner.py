@@ -196,6 +196,7 @@ class PlannedStep:
     compiled: CompiledStep
     skip_reason: str | None = None  # `when` was false at plan time
     rendered: RenderedStep | None = None  # None and not skipped: renders at run time (uses registered)
+    known: str | None = None  # its facts_check, rendered: in its desired state per the facts (see _run_plays)
 
 
 @dataclass
@@ -243,7 +244,8 @@ def plan_target(
             elif step.step.when is not None and not compiled.evaluate(step, "when", scope):
                 steps.append(PlannedStep(step, skip_reason=f"when is false: {step.step.when}"))
             else:
-                steps.append(PlannedStep(step, rendered=compiled.render(step, scope)))
+                steps.append(PlannedStep(step, rendered=compiled.render(step, scope),
+                                         known=compiled.known_from_facts(step, scope)))
         plays.append(PlannedPlay(compiled, play_vars, steps))
     return TargetPlan(target, dict(facts), info, plays)
 
@@ -358,6 +360,7 @@ class _StepRunner:
         self.started = time.monotonic()
         self.extra: dict[str, Any] = {}  # what a typed step adds to its registered value
         self.prechecked: BatchedCheck | None = None  # its check's result from the target's check batch
+        self.known: str | None = None  # in its desired state per the facts, which still hold (_run_plays)
         self.acted = False  # ran more than its check (apply, or its type's part): the target may have changed
 
     @property
@@ -458,6 +461,8 @@ class _StepRunner:
             except TemplateError as exc:
                 return self._result("failed", str(exc))
         action = self.step.action
+        if self.known is not None and rendered.check is not None:
+            return self._result("ok", f"{self.known} (from the facts)")
         if rendered.check is not None:
             checked = (self._batched_check(rendered.check, self.prechecked) if self.prechecked is not None
                        else self.execute("check", rendered.check))
@@ -610,8 +615,13 @@ def _after_snapshot(guard: SnapshotGuard, status: TargetStatus) -> SnapshotOutco
 
 
 def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
-    """Append each step's result to results; stop at the first failure. Returns why it stopped ("")."""
+    """Append each step's result to results; stop at the first failure. Returns why it stopped ("").
+
+    The facts describe the target as it was before this run touched it: a step is taken as known from
+    them (its facts_check) only while no step has run anything but checks (in check mode, always), the
+    rule the check batch's results follow."""
     would_change = False
+    changed = False
     if target.plan.checked_with_facts:
         batch = target.plan.early_checks
     else:
@@ -622,9 +632,11 @@ def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
             runner = _StepRunner(target, play, planned, registered)
             if batch is not None:
                 runner.prechecked = batch.take(planned)
+            if not changed:
+                runner.known = planned.known
             result = runner.run(would_change_before=would_change)
-            if batch is not None and runner.acted and not target.context.check_mode:
-                batch = None  # the target may have changed: every later check runs afresh
+            if runner.acted and not target.context.check_mode:
+                batch, changed = None, True  # the target may have changed: every later check runs afresh
             _record_step(target.context, target.plan.target, result)
             results.append(result)
             would_change = would_change or result.status == "would-change"
@@ -663,8 +675,8 @@ class _CheckBatch:
         found: list[tuple[PlannedPlay, PlannedStep, str]] = []
         for play in plan.plays:
             for planned in play.steps:
-                if planned.skip_reason is not None:
-                    continue
+                if planned.skip_reason is not None or planned.known is not None:
+                    continue  # runs nothing while the batch's results hold (_run_plays)
                 rendered = planned.rendered
                 check = rendered.check if rendered is not None else None
                 if check is not None and planned.compiled.step.timeout is None and batchable(check):
@@ -706,11 +718,11 @@ class _PendingBatch:
     script: str
 
     @classmethod
-    def of(cls, plan: TargetPlan, check_mode: bool) -> _PendingBatch | None:
-        """The batch of plan's checks; None when there are fewer than two (one is one round trip either
-        way)."""
+    def of(cls, plan: TargetPlan, check_mode: bool, *, at_least: int = 2) -> _PendingBatch | None:
+        """The batch of plan's checks; None when there are fewer than at_least (sent on its own, one
+        check is one round trip either way; with the facts, one saves one)."""
         found = _CheckBatch.candidates(plan, check_mode)
-        if len(found) < 2:
+        if not found or len(found) < at_least:
             return None
         nonce = new_nonce()
         return cls(found, nonce, batch_script([check for _, _, check in found], nonce,
@@ -900,7 +912,7 @@ def run_playbook(playbook: Playbook, targets: Sequence[Target], fleet: FleetAcce
             nonlocal planned, pending
             planned = plan_or_error(target, facts)
             if isinstance(planned, TargetPlan):
-                pending = _PendingBatch.of(planned, options.check_mode)
+                pending = _PendingBatch.of(planned, options.check_mode, at_least=1)
             return None if pending is None else pending.script
 
         with_checks = facts_then(target, transport, checks_for) if facts_then is not None else None

@@ -173,6 +173,7 @@ class AptFacts(_Model):
     sqv: bool = False
     keyring_installed: bool = False
     keyring_version: str | None = None
+    keyring_list: str | None = None      # the installed keyring's own .list (dpkg's file list of it)
     keyring_file: bool = False
     nvidia_sources: list[AptSource] = Field(default_factory=empty(list))
     nvidia_keys: list[KeyringHit] = Field(default_factory=empty(list))

@@ -136,14 +136,15 @@ probe_os() {
 }
 
 # ---------------------------------------------------------------- apt
-# Installed packages we care about, in one dpkg-query call: "name<TAB>version" lines.
+# Installed packages we care about, in one dpkg-query call: "name<TAB>version" lines. Installed: a status
+# of "<want> ok installed" (held, or selected for removal, still counts; "reinstreq" is broken).
 read_packages() {
     PKGS=
     have dpkg-query || return 0
     PKGS=$(dpkg-query -W -f='${Status}\t${Package}\t${Version}\n' \
         apt cuda-keyring 'cuda-*' 'libcu*' 'libnvidia-*' nvidia-cuda-toolkit 2>/dev/null |
         while IFS="$TAB" read -r _st _name _ver; do
-            case $_st in *" installed") printf '%s\t%s\n' "$_name" "$_ver" ;; esac
+            case $_st in *" ok installed") printf '%s\t%s\n' "$_name" "$_ver" ;; esac
         done)
 }
 
@@ -172,6 +173,13 @@ probe_apt() {
     printf ',"sqv":'; jb "$_sqv"
     printf ',"keyring_installed":'; if [ -n "$_kr" ]; then printf true; else printf false; fi
     printf ',"keyring_version":'; jn "$_kr"
+    # The keyring's own source list, from dpkg's list of the package's files (what `dpkg-query -L` reads;
+    # arch "all", so no ":arch" in its name): apply's facts_check tells it from other NVIDIA entries.
+    _kl=
+    if [ -n "$_kr" ] && [ -r "$R/var/lib/dpkg/info/cuda-keyring.list" ]; then
+        _kl=$(grep -m 1 '^/etc/apt/sources\.list\.d/.*\.list$' "$R/var/lib/dpkg/info/cuda-keyring.list" 2>/dev/null)
+    fi
+    printf ',"keyring_list":'; jn "$_kl"
     _kf=0; [ -f "$R/usr/share/keyrings/cuda-archive-keyring.gpg" ] && _kf=1
     printf ',"keyring_file":'; jb "$_kf"
     printf ',"nvidia_sources":['

@@ -16,10 +16,11 @@ import pytest
 from fleetfix.playbook.load import load_playbook
 from fleetfix.playbook.records import RunRecorder, load_run
 from fleetfix.playbook.runner import FleetAccess, RunHooks, RunOptions, run_playbook
+from fleetfix.probe.run import gather_facts
 from fleetfix.transport.base import CommandResult, OutputSink
 from tests.lab.aptrepo import AptRepo, BuiltRepo, build_repo, serve_repo
 from tests.lab.container import Container, NodeState, tree_digest
-from tests.unit.playbook.conftest import REPO, StandInFleet, make_target, problem_facts
+from tests.unit.playbook.conftest import REPO, StandInFleet, make_target
 
 pytestmark = [
     pytest.mark.e2e,
@@ -78,9 +79,11 @@ def start(node: NodeState, ctid: int) -> Container:
 
 def apply(targets: list[Any], transports: dict[str, ContainerTransport], *, check: bool,
           recorder: RunRecorder | None = None, **cli_vars: Any) -> Any:
+    cli_vars.setdefault("cuda_version", "12.8")  # these containers hold no torch to say it
     return run_playbook(
         load_playbook(PLAYBOOK), targets,
-        FleetAccess(StandInFleet(transports).map, lambda t, tr: problem_facts()),
+        # The real probe's facts: the playbook's facts_checks take them at their word.
+        FleetAccess(StandInFleet(transports).map, lambda t, tr: gather_facts(t, tr).model_dump(mode="json")),
         RunOptions(vars=cli_vars, check_mode=check),
         RunHooks(recorder=recorder))
 

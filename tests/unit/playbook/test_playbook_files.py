@@ -107,6 +107,12 @@ def test_cuda_toolkit_refusal_names_a_route_that_works_for_the_cuda(facts: dict[
 
 def test_cuda_toolkit_check_mode_never_runs_apply(facts: dict[str, Any]) -> None:
     # Only the check scripts are scripted: every check reports "not there", except the two assertions.
+    # The facts agree: a hand-written NVIDIA entry, so no step is known from them but dpkg's.
+    facts["apt"]["nvidia_sources"] = [{
+        "file": "/etc/apt/sources.list.d/cuda.list", "line": 1, "format": "list", "types": "deb",
+        "uri": "https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/", "suite": "/",
+        "components": "", "signed_by": None, "enabled": True}]
+    facts["dpkg"]["present"] = True
     fake = FakeTransport()
     fake.on("grep -Eq '^[0-9]+", stdout="CUDA 12.8\n")  # cuda version known
     fake.on("Packages.gz", stdout="cuda-nvcc-12-8 is in .../debian12/x86_64/Packages.gz\n")

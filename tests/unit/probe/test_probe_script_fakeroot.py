@@ -157,6 +157,7 @@ def test_packages_from_dpkg_query(fakeroot: Path, fakebin: FakeBin) -> None:
     facts = probe(fakeroot, fakebin)
     assert (facts.apt.present, facts.apt.version) == (True, "2.6.1")
     assert (facts.apt.keyring_installed, facts.apt.keyring_version) == (True, "1.1-1")
+    assert facts.apt.keyring_list is None  # dpkg's file list of it is not there
     assert [(p.name, p.version) for p in facts.cuda.packages] == [
         ("cuda-keyring", "1.1-1"), ("cuda-nvcc-12-8", "12.8.93-1"), ("libcublas-dev-12-8", "12.8.4.1-1")]
 
@@ -572,3 +573,13 @@ def test_a_rocm_torchs_hip_version_is_read(fakeroot: Path, fakebin: FakeBin, tmp
     torch = facts.pythons[0].torch
     assert torch is not None and (torch.cuda, torch.hip) == (None, "6.0.32830-d62f6a171")
     assert "TORCH_CPU_ONLY" not in [f.code for f in diagnose(facts)]
+
+
+def test_the_keyring_list_is_the_installed_keyrings_own_from_dpkgs_file_list(fakeroot: Path, fakebin: FakeBin
+                                                                              ) -> None:
+    fakebin.script("dpkg-query", "printf 'install ok installed\\tcuda-keyring\\t1.1-1\\n'\n")
+    write(fakeroot, "var/lib/dpkg/info/cuda-keyring.list", "/.\n/etc\n/etc/apt/sources.list.d\n"
+          "/etc/apt/sources.list.d/cuda-debian12-x86_64.list\n/usr/share/keyrings/cuda-archive-keyring.gpg\n")
+    assert probe(fakeroot, fakebin).apt.keyring_list == "/etc/apt/sources.list.d/cuda-debian12-x86_64.list"
+    fakebin.script("dpkg-query", "printf 'deinstall ok config-files\\tcuda-keyring\\t1.1-1\\n'\n")
+    assert probe(fakeroot, fakebin).apt.keyring_list is None  # only an installed keyring's
