@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import json
+import resource
 import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -95,6 +96,10 @@ def node_or_none(node: dict[str, Any], spec: dict[str, Any], probe: bytes, node_
 
 
 def main(argv: list[str]) -> int:
+    # As fleetfix raises its own soft limit to what its nodes need (fleet/connections.py), the reference
+    # takes its hard one: at forks 1,000 it holds 1,000 sockets at once, past the default soft 1,024.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     spec: dict[str, Any] = json.loads(Path(argv[0]).read_text())
     probe = with_buffered_stdout(build_probe_script()).encode()
     node_script = build_node_script().encode()

@@ -15,7 +15,8 @@ Per run (`fleetfix probe -i inventory.yaml --json --forks F`, then the paramiko 
 benchmarks/paramiko_ref.py, with the same forks and channels): wall, controller CPU (os.wait4) and CPU per
 node, peak RSS, and sampled every 0.2 s from /proc: the process's threads and open file descriptors at
 their peak. Each controller runs with RLIMIT_NOFILE's soft limit set to --nofile (1024: Linux's default
-soft limit, whatever this shell has), the hard limit left as it is.
+soft limit, whatever this shell has), the hard limit left as it is; each may raise its own soft limit up
+to the hard one (fleetfix to what its nodes need, the reference to the hard limit).
 """
 
 from __future__ import annotations
