@@ -275,6 +275,8 @@ class RunContext:
     sleep: Callable[[float], None] = time.sleep  # between apply attempts; tests pass a recorder of delays
     # evaluate a target's checks ahead of their steps in one round trip (see _CheckBatch)
     batch_checks: bool = False
+    # a step may be known from the facts (its facts_check, see _run_plays): not in a later --serial batch
+    trust_facts: bool = True
 
 
 # --- one target ------------------------------------------------------------------------------------
@@ -632,7 +634,7 @@ def _run_plays(target: _TargetState, results: list[StepResult]) -> str:
             runner = _StepRunner(target, play, planned, registered)
             if batch is not None:
                 runner.prechecked = batch.take(planned)
-            if not changed:
+            if not changed and target.context.trust_facts:
                 runner.known = planned.known
             result = runner.run(would_change_before=would_change)
             if runner.acted and not target.context.check_mode:
@@ -1073,11 +1075,15 @@ class _Batches:
         size = serial if serial and serial > 0 else max(len(self.runnable), 1)
         batches = [self.runnable[start:start + size] for start in range(0, len(self.runnable), size)]
 
-        def run_one(target: Target, transport: Transport) -> TargetRun:
-            return run_target(plans[target.name], transport, context)
+        # Facts are gathered for every target before the first batch starts: a later batch's steps may run
+        # long after, so its steps run their checks instead of taking the facts' word (facts_check).
+        later = replace(context, trust_facts=False)
+
+        def runner_for(ctx: RunContext) -> Callable[[Target, Transport], TargetRun]:
+            return lambda target, transport: run_target(plans[target.name], transport, ctx)
 
         for number, batch in enumerate(batches):
-            for outcome in fleet_map(batch, run_one):
+            for outcome in fleet_map(batch, runner_for(later if number else context)):
                 if outcome.status == "ok" and isinstance(outcome.value, TargetRun):
                     finished[outcome.target.name] = outcome.value
                 else:

@@ -11,8 +11,16 @@ import pytest
 
 from fleetfix.errors import PlaybookError, TemplateError
 from fleetfix.playbook.render import compile_playbook
-from fleetfix.playbook.runner import RunContext, TargetRun, plan_target, run_target
-from tests.unit.playbook.conftest import SubprocessTransport, make_target, playbook_from
+from fleetfix.playbook.runner import (
+    FleetAccess,
+    RunContext,
+    RunOptions,
+    TargetRun,
+    plan_target,
+    run_playbook,
+    run_target,
+)
+from tests.unit.playbook.conftest import StandInFleet, SubprocessTransport, make_target, playbook_from
 from tests.unit.playbook.test_check_batch import Events
 
 BOOK = """\
@@ -109,3 +117,22 @@ def test_a_fact_that_is_not_there_is_a_template_error_naming_the_field(tmp_path:
     undefined = r"steps\.0\.facts_check: step 'first': facts\.first is undefined"
     with pytest.raises(TemplateError, match=undefined):
         plan_target([compile_playbook(book)], make_target("ct"), {}, {})
+
+
+def test_a_later_serial_batch_runs_its_checks_the_facts_being_older_than_its_start(tmp_path: Path) -> None:
+    """Every target's facts are gathered before the first batch: with --serial, the first batch takes
+    their word, the later ones check (their steps may start long after)."""
+    book = playbook_from(BOOK, tmp_path)
+    targets = [make_target("a"), make_target("b")]
+    transports = {}
+    for target in targets:
+        (tmp_path / target.name).mkdir()
+        transports[target.name] = SubprocessTransport(tmp_path / target.name)
+    run = run_playbook(book, targets, FleetAccess(StandInFleet(transports).map,  # type: ignore[arg-type]
+                                                  lambda target, transport: {"first": True, "second": True}),
+                       RunOptions(serial=1, batch_checks=True))
+    first, second = run.targets
+    assert [s.reason for s in first.steps] == ["first is there (from the facts)",
+                                               "second is there (from the facts)"]
+    assert [s.status for s in second.steps] == ["changed", "changed"]  # checked: neither file was there
+    assert (transports["a"].scripts, len(transports["b"].scripts)) == ([], 4)
