@@ -182,12 +182,13 @@ def test_cuda_toolkit_packages_check_reads_every_package_in_one_query(
         assert (done.returncode, done.stdout) == (1, missing + "\n"), done.stderr
 
 
-@pytest.mark.parametrize("keyring", [None, "deinstall ok config-files", "hold ok installed"])
+@pytest.mark.parametrize("keyring", [None, "deinstall ok config-files", "install reinstreq installed"])
 def test_cuda_toolkit_reads_the_index_whenever_something_would_be_installed(
     facts: dict[str, Any], tmp_path: Path, keyring: str | None,
 ) -> None:
-    """The toolkit installed but cuda-keyring not (exactly "install ok installed", as its step asks):
-    the keyring step would download from the repository, so the index is read (here: no python3)."""
+    """The toolkit installed but cuda-keyring not (a status of "<want> ok installed", as its step asks;
+    "reinstreq" is a broken package): the keyring step would download from the repository, so the index
+    is read (here: no python3)."""
     toolkit = ("cuda-nvcc-12-8", "cuda-cudart-dev-12-8", "cuda-cccl-12-8")
     statuses = {p: ["install ok installed"] for p in toolkit}
     if keyring:
