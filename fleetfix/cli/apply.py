@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from fleetfix.fleet import Fleet
     from fleetfix.playbook import Playbook, PlaybookRun
+    from fleetfix.probe.facts import Facts
     from fleetfix.target import Target
     from fleetfix.transport.base import CommandResult, Transport
 
@@ -39,7 +40,7 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     each step printed as it ends (show_steps), scripts' output streamed (live_output)."""
     from fleetfix.cli.live import LiveOutput, step_printer
     from fleetfix.playbook import FleetAccess, RunHooks, RunOptions, RunRecorder, run_playbook
-    from fleetfix.probe.run import gather_facts, gather_facts_then
+    from fleetfix.probe.run import gather_facts
     from fleetfix.secrets import Redactor
 
     variables, secrets = rollout.secret_vars()
@@ -51,14 +52,9 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     with RunRecorder(rollout.records_dir(), max_field=rollout.record_output or DEFAULT_RECORD_OUTPUT
                      ) as recorder:
         recorder.add_secrets(secrets)
-        def facts_then(target: Target, transport: Transport, then: Callable[[Mapping[str, Any]], str | None]
-                       ) -> tuple[Mapping[str, Any], CommandResult | None] | None:
-            gathered = gather_facts_then(target, transport, lambda facts: then(facts.model_dump(mode="json")))
-            return None if gathered is None else (gathered[0].model_dump(mode="json"), gathered[1])
-
         fleet_access = FleetAccess(
             fleet.map, lambda target, transport: gather_facts(target, transport).model_dump(mode="json"),
-            fleet.guest, facts_then)
+            fleet.guest, _facts_then)
         options = RunOptions(vars=variables, check_mode=rollout.check, serial=rollout.serial,
                              max_fail_pct=rollout.max_fail, snapshots=rollout.snapshot_policy(),
                              wheels=rollout.wheel_options(), batch_checks=True)
@@ -69,6 +65,24 @@ def roll_out(playbook: Playbook, targets: Sequence[Target], fleet: Fleet, rollou
     if live is not None:
         live.flush()
     return run
+
+
+def _facts_then(target: Target, transport: Transport, then: Callable[[Mapping[str, Any]], str | None]
+                ) -> tuple[Mapping[str, Any], CommandResult | None] | None:
+    """FleetAccess.facts_then: the probe's facts (as the records and templates take them: JSON-shaped),
+    then the script then() makes of them, in one command."""
+    from fleetfix.probe.run import gather_facts_then
+
+    dumped: list[dict[str, Any]] = []
+
+    def then_dumped(facts: Facts) -> str | None:
+        dumped.append(facts.model_dump(mode="json"))
+        return then(dumped[0])
+
+    gathered = gather_facts_then(target, transport, then_dumped)
+    if gathered is None:
+        return None
+    return (dumped[0] if dumped else gathered[0].model_dump(mode="json")), gathered[1]
 
 
 @click.command("apply")
