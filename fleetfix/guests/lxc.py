@@ -92,6 +92,12 @@ def container_argv(argv: Sequence[str], timeout: float | None = None) -> tuple[s
     return ("env", "-i", *CONTAINER_ENV, *with_watchdog(argv, timeout))
 
 
+def backstop(timeout: float | None) -> float | None:
+    """The node side's deadline for a command with this timeout in the CT: later, so the watchdog inside
+    the CT fires first and reaches the command's process group there; the node's is only the backstop."""
+    return None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
+
+
 def pct_result(result: CommandResult, ctid: int, node: str, timeout: float | None) -> CommandResult:
     """What `pct exec` on the node said, as the command's own result: raises GuestError when pct refused
     (the CT is stopped or missing), and reports the CT's watchdog kill as a timeout. A command that printed
@@ -151,11 +157,9 @@ class PctTransport:
         on_output sees the node's stream as is (pct's own errors included, when the CT is not running)."""
         if not argv:
             raise ValueError("empty argv")
-        # The node side gets a later deadline: the watchdog inside the CT fires first and reaches the
-        # command's process group there; the node's own watchdog is only the backstop.
-        node_timeout = None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
         node_argv = pct_exec_argv(self.ctid, argv, timeout)
-        result = self.connection.execute(node_argv, stdin=stdin, timeout=node_timeout, on_output=on_output)
+        result = self.connection.execute(node_argv, stdin=stdin, timeout=backstop(timeout),
+                                         on_output=on_output)
         return pct_result(result, self.ctid, self.node_name, timeout)
 
     def feedable(self) -> FeedableTransport | None:
@@ -174,9 +178,8 @@ class _FedPct:
 
     def execute_fed(self, argv: Sequence[str], feed: StdinFeed, *, timeout: float | None = None,
                     on_output: OutputSink | None = None) -> CommandResult:
-        node_timeout = None if timeout is None else timeout + NODE_BACKSTOP_SECONDS
         node_argv = pct_exec_argv(self.pct.ctid, argv, timeout)
-        result = self.node.execute_fed(node_argv, feed, timeout=node_timeout, on_output=on_output)
+        result = self.node.execute_fed(node_argv, feed, timeout=backstop(timeout), on_output=on_output)
         return pct_result(result, self.pct.ctid, self.pct.node_name, timeout)
 
 
